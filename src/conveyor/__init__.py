@@ -1,0 +1,70 @@
+"""conveyor: a fast, self-tuning, crash-safe drop-in for ``torch.utils.data.DataLoader``.
+
+>>> from conveyor import DataLoader
+>>> [b.tolist() for b in DataLoader(list(range(6)), batch_size=3, output="numpy")]
+[[0, 1, 2], [3, 4, 5]]
+"""
+
+from __future__ import annotations
+
+from .collate import default_collate, default_convert, numpy_collate
+from .datasets import (
+    ArrayDataset,
+    ChainDataset,
+    ConcatDataset,
+    CSVDataset,
+    Dataset,
+    ImageFolder,
+    IterableDataset,
+    StackDataset,
+    StringArray,
+    Subset,
+    TensorDataset,
+    random_split,
+)
+from .errors import WorkerError
+from .executors.recovery import WorkerDied
+from .executors.worker import WorkerInfo, get_worker_info
+from .loader import DataLoader, TooManyFailures
+from .samplers import (
+    BatchSampler,
+    DistributedSampler,
+    RandomSampler,
+    Sampler,
+    SequentialSampler,
+    SubsetRandomSampler,
+    WeightedRandomSampler,
+)
+
+__version__ = "0.1.0"
+
+__all__ = sorted([
+    "ArrayDataset",
+    "BatchSampler",
+    "CSVDataset",
+    "ChainDataset",
+    "ConcatDataset",
+    "DataLoader",
+    "Dataset",
+    "DistributedSampler",
+    "ImageFolder",
+    "IterableDataset",
+    "RandomSampler",
+    "Sampler",
+    "SequentialSampler",
+    "StackDataset",
+    "StringArray",
+    "Subset",
+    "SubsetRandomSampler",
+    "TensorDataset",
+    "TooManyFailures",
+    "WeightedRandomSampler",
+    "WorkerDied",
+    "WorkerError",
+    "WorkerInfo",
+    "default_collate",
+    "default_convert",
+    "get_worker_info",
+    "numpy_collate",
+    "random_split",
+])

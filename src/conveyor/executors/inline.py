@@ -1,0 +1,61 @@
+"""``num_workers=0``: tasks run in the caller's thread, one at a time, on demand."""
+
+from __future__ import annotations
+
+import collections
+from typing import Any
+
+from .. import rng
+from .base import Event
+from .task import Result, Task
+from .worker import Fetcher, WorkerSpec
+
+__all__ = ["InlineExecutor"]
+
+
+class InlineExecutor:
+    """Runs each task when the loader polls for it; nothing is fetched ahead."""
+
+    kind = "inline"
+    num_workers = 1  # one slot for dispatch; get_worker_info() stays None
+
+    def __init__(self, spec: WorkerSpec) -> None:
+        self.fetcher = Fetcher(spec, None)
+        self.queue: collections.deque[Task] = collections.deque()
+        # With a loader seed, samples reseed the global RNGs; the user's state
+        # is put back after each batch so the main thread's RNG is not disturbed.
+        self.restore_rng = spec.seed is not None
+
+    def submit(self, worker: int, tasks: list[Task]) -> None:
+        self.queue.extend(tasks)
+
+    def poll(self, timeout: float | None) -> list[Event]:
+        if not self.queue:
+            return []
+        task = self.queue.popleft()
+        if self.restore_rng:
+            saved = rng.RngState()
+            try:
+                return [self.fetcher.run(task)]
+            finally:
+                saved.restore()
+        return [self.fetcher.run(task)]
+
+    def outstanding(self, worker: int) -> int:
+        return len(self.queue)
+
+    def alive(self, worker: int) -> bool:
+        return True
+
+    def restart(self, worker: int) -> list[Task]:
+        return []
+
+    def release(self, result: Result) -> None:
+        pass
+
+    def decode(self, result: Result) -> Any:
+        return result.batch
+
+    def close(self) -> None:
+        self.queue.clear()
+        self.fetcher.close()

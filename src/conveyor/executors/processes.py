@@ -1,0 +1,382 @@
+"""``worker_type="process"``: workers are child processes (fork, spawn, forkserver).
+
+Each worker has its own pair of pipes (orders in, results out). The main
+process waits on every result pipe *and* every worker's sentinel at once,
+so a worker that dies is seen the moment the loader waits, not after a
+timeout. Results carry shared-memory slot references (see ``transport``);
+slots freed by the garbage collector ride back on the next order.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import signal
+import time
+import warnings
+from multiprocessing.connection import Connection, wait
+from typing import Any
+
+from .. import transport
+from ..errors import rebuild
+from .base import Event, Ledger
+from .task import Death, Hello, Order, Result, Task
+from .worker import WorkerSpec, serve, stack_path
+
+__all__ = ["ProcessExecutor", "StartupError"]
+
+
+class StartupError(RuntimeError):
+    """A worker process could not start."""
+
+
+_GUARD_HINT = (
+    "With the '{method}' start method every worker re-imports your main module, so the "
+    "code that creates and iterates the DataLoader must run only in the main process: "
+    "put it under `if __name__ == \"__main__\":`. An unpicklable dataset, collate_fn or "
+    "worker_init_fn also ends workers at start-up with this start method."
+)
+
+
+class _Worker:
+    __slots__ = ("proc", "tasks", "results", "gen", "pid", "ready")
+
+    def __init__(self, proc: Any, tasks: Connection, results: Connection, gen: int) -> None:
+        self.proc = proc
+        self.tasks = tasks
+        self.results = results
+        self.gen = gen
+        self.pid: int | None = proc.pid
+        self.ready = False
+
+
+class ProcessExecutor:
+    kind = "process"
+
+    def __init__(self, spec: WorkerSpec, num_workers: int, context: Any = None,
+                 *, start_timeout: float = 120.0) -> None:
+        if context is None:
+            context = mp.get_context()
+        elif isinstance(context, str):
+            context = mp.get_context(context)
+        self.ctx = context
+        self.method = context.get_start_method()
+        self.spec = spec
+        self.num_workers = num_workers
+        self.ledger = Ledger(num_workers)
+        self.prefix = transport.new_prefix() if transport.available() else ""
+        self.views = transport.Views()
+        self.workers: list[_Worker | None] = [None] * num_workers
+        self.gens = [0] * num_workers
+        self.closed = False
+        self.warned = False
+        self.pending_freed: dict[tuple[int, int], list[int]] = {}  # (worker, gen) -> slot ids
+        self.parent_pid = os.getpid()
+        try:
+            for w in range(num_workers):
+                self.workers[w] = self._spawn(w)
+            self._await_ready(start_timeout)
+        except BaseException:
+            self.close()
+            raise
+
+    # -- start-up ---------------------------------------------------------
+    def _spawn(self, w: int) -> _Worker:
+        gen = self.gens[w]
+        task_r, task_w = self.ctx.Pipe(duplex=False)
+        res_r, res_w = self.ctx.Pipe(duplex=False)
+        proc = self.ctx.Process(
+            target=serve,
+            args=(self.spec, w, gen, task_r, res_w, self.parent_pid, self.prefix),
+            name=f"conveyor-worker-{w}",
+            daemon=True,
+        )
+        try:
+            proc.start()
+        except Exception as exc:
+            task_r.close(), task_w.close(), res_r.close(), res_w.close()
+            if self.method != "fork":
+                exc.add_note(f"Starting worker {w} with the '{self.method}' start method pickles the "
+                             "dataset, collate_fn and worker_init_fn: each must be picklable "
+                             "(defined at module level, not a lambda or a local function).")
+            raise
+        task_r.close()
+        res_w.close()
+        return _Worker(proc, task_w, res_r, gen)
+
+    def _await_ready(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        pending = {w for w in range(self.num_workers)}
+        while pending:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise StartupError(f"workers {sorted(pending)} did not start within {timeout:.0f} s")
+            conns: dict[Any, int] = {}
+            for w in pending:
+                wk = self.workers[w]
+                assert wk is not None
+                conns[wk.results] = w
+                conns[wk.proc.sentinel] = w
+            for obj in wait(list(conns), left):
+                w = conns[obj]
+                if w not in pending:
+                    continue
+                wk = self.workers[w]
+                assert wk is not None
+                if obj is wk.results:
+                    try:
+                        msg = wk.results.recv()
+                    except (EOFError, OSError):
+                        msg = None
+                    if isinstance(msg, Hello):
+                        if msg.failure is not None:
+                            raise rebuild(msg.failure)
+                        wk.ready = True
+                        wk.pid = msg.pid
+                        pending.discard(w)
+                        continue
+                wk.proc.join(1.0)
+                code = wk.proc.exitcode
+                hint = "" if self.method == "fork" else " " + _GUARD_HINT.format(method=self.method)
+                raise StartupError(
+                    f"worker {w} (pid {wk.proc.pid}) exited during start-up with exit code {code}.{hint}")
+
+    # -- running ----------------------------------------------------------
+    def submit(self, worker: int, tasks: list[Task]) -> None:
+        wk = self.workers[worker]
+        assert wk is not None
+        self.ledger.add(worker, tasks)
+        freed = self._freed_for(worker, wk.gen)
+        try:
+            wk.tasks.send(Order(tuple(tasks), freed))
+        except (BrokenPipeError, OSError):
+            pass  # the worker died; poll() reports it and recovery re-issues the tasks
+
+    def _freed_for(self, worker: int, gen: int) -> tuple[int, ...]:
+        pending = self.pending_freed
+        for key in self.views.take_freed():
+            pending.setdefault((key[0], key[1]), []).append(key[2])
+        ids = pending.pop((worker, gen), None)
+        return tuple(ids) if ids else ()
+
+    def flush_freed(self) -> None:
+        """Send freed slots to workers that have no task to carry them."""
+        for key in self.views.take_freed():
+            self.pending_freed.setdefault((key[0], key[1]), []).append(key[2])
+        for (w, gen), ids in list(self.pending_freed.items()):
+            wk = self.workers[w]
+            if wk is None or wk.gen != gen:
+                del self.pending_freed[(w, gen)]
+                continue
+            if len(ids) >= 2:
+                del self.pending_freed[(w, gen)]
+                try:
+                    wk.tasks.send(Order((), tuple(ids)))
+                except (BrokenPipeError, OSError):
+                    pass
+
+    def poll(self, timeout: float | None) -> list[Event]:
+        conns: dict[Any, int] = {}
+        for w, wk in enumerate(self.workers):
+            if wk is None:
+                continue
+            conns[wk.results] = w
+            conns[wk.proc.sentinel] = w
+        if not conns:
+            return []
+        ready = wait(list(conns), timeout)
+        events: list[Event] = []
+        dead: set[int] = set()
+        for obj in ready:
+            w = conns[obj]
+            wk = self.workers[w]
+            assert wk is not None
+            if obj is wk.results:
+                while True:
+                    try:
+                        if not wk.results.poll():
+                            break
+                        msg = wk.results.recv()
+                    except (EOFError, OSError):
+                        dead.add(w)
+                        break
+                    if isinstance(msg, Result):
+                        self._note(w, wk, msg)
+                        events.append(msg)
+            else:
+                dead.add(w)
+        for w in sorted(dead):
+            wk = self.workers[w]
+            assert wk is not None
+            # drain what it sent before dying
+            try:
+                while wk.results.poll():
+                    msg = wk.results.recv()
+                    if isinstance(msg, Result):
+                        self._note(w, wk, msg)
+                        events.append(msg)
+            except (EOFError, OSError):
+                pass
+            wk.proc.join(0.5)
+            if wk.proc.exitcode is None and wk.proc.is_alive():
+                continue  # pipe closed but still running: wait for the sentinel
+            events.append(Death(w, wk.pid, wk.proc.exitcode, tuple(self.ledger.held[w].values())))
+        return events
+
+    def _note(self, w: int, wk: _Worker, msg: Result) -> None:
+        self.ledger.done(w, msg.seq)
+        if msg.retired:
+            self.views.retire(w, wk.gen, list(msg.retired))
+        if msg.warning and not self.warned:
+            self.warned = True
+            warnings.warn(f"conveyor: shared memory is unavailable ({msg.warning}); batches now travel "
+                          "through pipes, which is slower. Enlarge /dev/shm (e.g. docker --shm-size) "
+                          "to get zero-copy batches back.", RuntimeWarning, stacklevel=4)
+
+    def outstanding(self, worker: int) -> int:
+        return self.ledger.count(worker)
+
+    def alive(self, worker: int) -> bool:
+        wk = self.workers[worker]
+        return wk is not None and wk.proc.is_alive()
+
+    def pid(self, worker: int) -> int | None:
+        wk = self.workers[worker]
+        return None if wk is None else wk.pid
+
+    def restart(self, worker: int) -> list[Task]:
+        """Replace a dead worker (new generation); its unfinished tasks are returned."""
+        old = self.workers[worker]
+        if old is not None:
+            self._reap(old)
+            transport.sweep(f"{self.prefix}w{worker}g{old.gen}_")
+            self.pending_freed.pop((worker, old.gen), None)
+        tasks = self.ledger.take(worker)
+        self.gens[worker] += 1
+        wk = self._spawn(worker)
+        self.workers[worker] = wk
+        # wait for its hello so start-up failures surface here
+        deadline = time.monotonic() + 60
+        while not wk.ready:
+            left = deadline - time.monotonic()
+            if left <= 0 or not wait([wk.results, wk.proc.sentinel], left):
+                raise StartupError(f"replacement for worker {worker} did not start")
+            try:
+                msg = wk.results.recv()
+            except (EOFError, OSError):
+                raise StartupError(f"replacement for worker {worker} died during start-up") from None
+            if isinstance(msg, Hello):
+                if msg.failure is not None:
+                    raise rebuild(msg.failure)
+                wk.ready = True
+                wk.pid = msg.pid
+        return tasks
+
+    def stack(self, worker: int) -> str | None:
+        """Ask a (hung) worker for its Python stack; None when it cannot say."""
+        wk = self.workers[worker]
+        if wk is None or wk.pid is None:
+            return None
+        path = stack_path(self.prefix, worker, wk.gen)
+        try:
+            before = os.path.getsize(path)
+        except OSError:
+            return None
+        try:
+            os.kill(wk.pid, signal.SIGUSR1)
+        except OSError:
+            return None
+        deadline = time.monotonic() + 2.0
+        while time.monotonic() < deadline:
+            time.sleep(0.05)
+            try:
+                if os.path.getsize(path) > before:
+                    time.sleep(0.05)
+                    with open(path, encoding="utf-8", errors="replace") as f:
+                        f.seek(before)
+                        return f.read()
+            except OSError:
+                return None
+        return None
+
+    def kill(self, worker: int) -> None:
+        wk = self.workers[worker]
+        if wk is not None and wk.proc.is_alive():
+            wk.proc.kill()
+
+    def release(self, result: Result) -> None:
+        packed = result.batch
+        if isinstance(packed, transport.Packed) and packed.slots:
+            key = (packed.worker, packed.gen)
+            self.pending_freed.setdefault(key, []).extend(i for i, _ in packed.slots)
+
+    def decode(self, result: Result) -> Any:
+        packed = result.batch
+        if isinstance(packed, transport.Packed):
+            return transport.decode(packed, self.views, output=self.spec.output)
+        return packed
+
+    # -- shutdown ---------------------------------------------------------
+    def _reap(self, wk: _Worker, timeout: float = 5.0) -> None:
+        try:
+            wk.tasks.send(Order(stop=True))
+        except (BrokenPipeError, OSError):
+            pass
+        wk.proc.join(timeout)
+        if wk.proc.is_alive():
+            wk.proc.terminate()
+            wk.proc.join(2.0)
+        if wk.proc.is_alive():
+            wk.proc.kill()
+            wk.proc.join(2.0)
+        for conn in (wk.tasks, wk.results):
+            try:
+                conn.close()
+            except OSError:
+                pass
+        try:
+            wk.proc.close()
+        except ValueError:
+            pass
+        try:
+            os.unlink(stack_path(self.prefix, self.workers.index(wk), wk.gen))
+        except (OSError, ValueError):
+            pass
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        workers = [wk for wk in self.workers if wk is not None]
+        for wk in workers:
+            try:
+                wk.tasks.send(Order(stop=True))
+            except (BrokenPipeError, OSError):
+                pass
+        deadline = time.monotonic() + 5.0
+        for wk in workers:
+            wk.proc.join(max(0.0, deadline - time.monotonic()))
+        for wk in workers:
+            self._reap(wk, timeout=0.0)
+        self.workers = [None] * self.num_workers
+        self.views.close()
+        transport.sweep(self.prefix)
+        _sweep_stacks(self.prefix)
+
+
+def _sweep_stacks(prefix: str) -> None:
+    import tempfile
+
+    if not prefix:
+        return
+    d = tempfile.gettempdir()
+    try:
+        for name in os.listdir(d):
+            if name.startswith(prefix) and name.endswith(".stack"):
+                try:
+                    os.unlink(os.path.join(d, name))
+                except OSError:
+                    pass
+    except OSError:
+        pass
+

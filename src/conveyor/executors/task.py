@@ -1,0 +1,86 @@
+"""The envelope every executor speaks: ``Task`` in, ``Result`` out.
+
+The main process makes tasks; workers are pure functions from a task to a
+result. ``seq`` numbers batches in the order the user receives them and keeps
+growing across epochs of one worker pool, so a late result from an abandoned
+epoch is recognised and dropped.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import Failure
+
+__all__ = ["Task", "Result", "Order", "Hello", "Death"]
+
+
+@dataclass(frozen=True, slots=True)
+class Task:
+    """Fetch ``indices`` (``None``: the next batch of an iterable dataset)."""
+
+    seq: int
+    epoch: int
+    indices: list[int] | None
+
+
+@dataclass(slots=True)
+class Result:
+    """What a worker made of a task."""
+
+    seq: int
+    worker: int
+    batch: Any = None
+    failure: Failure | None = None
+    exhausted: bool = False  # an iterable dataset's replica ran out
+    empty: bool = False  # every sample of the batch was skipped
+    skipped: tuple[Failure, ...] = ()
+    start: float = 0.0
+    fetched: float = 0.0
+    end: float = 0.0
+    retired: tuple[int, ...] = ()  # slots the worker dropped from its pool
+    warning: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Order:
+    """Main -> process worker: tasks to run and slots the main no longer uses."""
+
+    tasks: tuple[Task, ...] = ()
+    freed: tuple[int, ...] = ()
+    stop: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Hello:
+    """Process worker -> main: start-up finished (or failed)."""
+
+    worker: int
+    pid: int
+    failure: Failure | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Death:
+    """A worker process ended without being asked to."""
+
+    worker: int
+    pid: int | None
+    exitcode: int | None
+    tasks: tuple[Task, ...] = field(default=())
+
+    def describe(self) -> str:
+        import signal
+
+        code = self.exitcode
+        if code is None:
+            how = "stopped responding"
+        elif code < 0:
+            try:
+                how = f"was killed by signal {signal.Signals(-code).name}"
+            except ValueError:
+                how = f"was killed by signal {-code}"
+        else:
+            how = f"exited unexpectedly with exit code {code}"
+        return f"worker {self.worker} (pid {self.pid}) {how}"

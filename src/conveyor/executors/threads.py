@@ -1,0 +1,104 @@
+"""``worker_type="thread"``: workers are threads of this process.
+
+Cheap to start and share the dataset without copies; right for I/O-bound
+datasets and for code that releases the GIL (decoders, numpy, torch ops).
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from typing import Any
+
+from ..errors import capture
+from .base import Event, Ledger
+from .task import Result, Task
+from .worker import WorkerSpec, _set_info, start_worker
+
+__all__ = ["ThreadExecutor"]
+
+_STOP = None
+
+
+class ThreadExecutor:
+    kind = "thread"
+
+    def __init__(self, spec: WorkerSpec, num_workers: int) -> None:
+        self.spec = spec
+        self.num_workers = num_workers
+        self.ledger = Ledger(num_workers)
+        self.results: queue.SimpleQueue[Result] = queue.SimpleQueue()
+        self.queues: list[queue.SimpleQueue[Task | None]] = []
+        self.threads: list[threading.Thread] = []
+        self.closed = False
+        for w in range(num_workers):
+            q: queue.SimpleQueue[Task | None] = queue.SimpleQueue()
+            t = threading.Thread(target=self._loop, args=(w, q), name=f"conveyor-worker-{w}", daemon=True)
+            self.queues.append(q)
+            self.threads.append(t)
+            t.start()
+
+    def _loop(self, worker: int, q: queue.SimpleQueue[Task | None]) -> None:
+        try:
+            fetcher = start_worker(self.spec, worker, kind="thread")
+        except Exception as exc:
+            failure = capture(exc, worker, None, "running worker_init_fn for")
+            while (task := q.get()) is not _STOP:
+                self.results.put(Result(task.seq, worker, failure=failure))
+            return
+        try:
+            while True:
+                task = q.get()
+                if task is _STOP:
+                    return
+                fetcher.schedule(task)
+                self.results.put(fetcher.run(task))
+        finally:
+            fetcher.close()
+            _set_info(None, thread=True)
+
+    def submit(self, worker: int, tasks: list[Task]) -> None:
+        self.ledger.add(worker, tasks)
+        q = self.queues[worker]
+        for t in tasks:
+            q.put(t)
+
+    def poll(self, timeout: float | None) -> list[Event]:
+        try:
+            first = self.results.get(timeout=timeout) if timeout is None or timeout > 0 else self.results.get_nowait()
+        except queue.Empty:
+            return []
+        out: list[Event] = [first]
+        while True:
+            try:
+                out.append(self.results.get_nowait())
+            except queue.Empty:
+                break
+        for r in out:
+            assert isinstance(r, Result)
+            self.ledger.done(r.worker, r.seq)
+        return out
+
+    def outstanding(self, worker: int) -> int:
+        return self.ledger.count(worker)
+
+    def alive(self, worker: int) -> bool:
+        return self.threads[worker].is_alive()
+
+    def restart(self, worker: int) -> list[Task]:
+        return []
+
+    def release(self, result: Result) -> None:
+        pass
+
+    def decode(self, result: Result) -> Any:
+        return result.batch
+
+    def close(self, timeout: float = 5.0) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        for q in self.queues:
+            q.put(_STOP)
+        for t in self.threads:
+            t.join(timeout)

@@ -1,0 +1,385 @@
+"""The one worker loop: from a ``Task`` to a ``Result``, for every executor.
+
+::
+
+    Task(seq, epoch, indices)
+      -> fetch: dataset.gather / dataset.__getitems__ / dataset[i] for each i
+         (optionally N samples at a time on fetch threads, across batches;
+          per-sample RNG seeded from (seed, epoch, index) when the loader has a seed)
+      -> collate (into a shared-memory slot for process workers)
+      -> Result(seq, batch | failure, timings)
+
+Inline, thread and process executors all call :meth:`Fetcher.run`; the
+process executor wraps it in :func:`serve`, which also owns the slot pool.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+from .. import rng
+from ..errors import Failure, capture
+from .task import Hello, Order, Result, Task
+
+__all__ = ["WorkerInfo", "WorkerSpec", "Fetcher", "get_worker_info", "serve"]
+
+
+@dataclass(frozen=True)
+class WorkerInfo:
+    """What :func:`get_worker_info` returns inside a worker.
+
+    >>> info = get_worker_info()  # None in the main process
+    """
+
+    id: int
+    num_workers: int
+    seed: int
+    dataset: Any
+    kind: str = "process"
+
+
+_process_info: WorkerInfo | None = None
+_thread_info = threading.local()
+
+
+def get_worker_info() -> WorkerInfo | None:
+    """The current worker's id, count, seed and dataset copy; ``None`` in the main process.
+
+    Use it in an ``IterableDataset.__iter__`` to shard work between workers:
+
+    >>> info = get_worker_info()
+    >>> start = 0 if info is None else info.id
+    """
+    info = getattr(_thread_info, "info", None)
+    return info if info is not None else _process_info
+
+
+def _set_info(info: WorkerInfo | None, *, thread: bool) -> None:
+    global _process_info
+    if thread:
+        _thread_info.info = info
+        return
+    _process_info = info
+    torch = sys.modules.get("torch")
+    if torch is not None and info is not None:
+        # Datasets written for torch ask torch.utils.data.get_worker_info().
+        try:
+            from torch.utils.data._utils import worker as tworker
+
+            tworker._worker_info = tworker.WorkerInfo(
+                id=info.id, num_workers=info.num_workers, seed=info.seed, dataset=info.dataset)
+        except Exception:  # pragma: no cover - torch internals moved
+            pass
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    """Everything a worker needs, picklable for spawn."""
+
+    dataset: Any
+    collate_fn: Callable[[Any], Any] | None
+    auto_collation: bool
+    batch_size: int | None
+    drop_last: bool
+    iterable: bool
+    num_workers: int
+    base_seed: int
+    seed: int | None = None
+    worker_init_fn: Callable[[int], None] | None = None
+    fetch_threads: int = 1
+    on_error: str = "raise"
+    gather: bool = False
+    output: str = "torch"
+    default_collate: bool = False
+
+
+_rng_lock = threading.Lock()
+
+
+class Fetcher:
+    """Runs tasks for one worker: fetching, seeding, collating, timing."""
+
+    def __init__(self, spec: WorkerSpec, worker_id: int | None, *, shared_rng: bool = False) -> None:
+        self.spec = spec
+        self.worker_id = worker_id
+        self.dataset = spec.dataset
+        self.iterator: Any = None
+        self.iter_epoch: int | None = None
+        self.exhausted = False
+        self.has_getitems = hasattr(spec.dataset, "__getitems__") and not spec.iterable
+        self.gather = getattr(spec.dataset, "gather", None) if spec.gather else None
+        # threads of one process share the global RNGs: seeding must hold a lock
+        self.lock = _rng_lock if (shared_rng or spec.fetch_threads > 1) and spec.seed is not None else None
+        self.pool: ThreadPoolExecutor | None = None
+        if spec.fetch_threads > 1 and not spec.iterable:
+            self.pool = ThreadPoolExecutor(spec.fetch_threads, thread_name_prefix="conveyor-fetch")
+        self.pending: dict[int, list[Future[Any]]] = {}
+
+    # -- fetching ---------------------------------------------------------
+    def _one(self, index: int, epoch: int) -> Any:
+        seed = self.spec.seed
+        if seed is None:
+            return self.dataset[index]
+        if self.lock is None:
+            rng.seed_all(rng.sample_seed(seed, epoch, index))
+            return self.dataset[index]
+        with self.lock:
+            rng.seed_all(rng.sample_seed(seed, epoch, index))
+            return self.dataset[index]
+
+    def _guarded(self, index: int, epoch: int) -> Any:
+        try:
+            return self._one(index, epoch)
+        except Exception as exc:
+            return _Skipped(capture(exc, self.worker_id, [index]))
+
+    def schedule(self, task: Task) -> None:
+        """Start fetching the samples of ``task`` on the fetch threads, if any."""
+        if self.pool is None or task.indices is None or self.gather is not None or self.has_getitems:
+            return
+        fn = self._guarded if self.spec.on_error == "skip" else self._one
+        self.pending[task.seq] = [self.pool.submit(fn, i, task.epoch) for i in task.indices]
+
+    def _samples(self, task: Task) -> tuple[list[Any], list[Failure]]:
+        indices = task.indices
+        assert indices is not None
+        futures = self.pending.pop(task.seq, None)
+        if futures is not None:
+            samples = [f.result() for f in futures]
+        elif self.spec.on_error == "skip":
+            samples = [self._guarded(i, task.epoch) for i in indices]
+        elif self.spec.seed is None:
+            ds = self.dataset
+            samples = [ds[i] for i in indices]
+        else:
+            samples = [self._one(i, task.epoch) for i in indices]
+        skipped = [s.failure for s in samples if type(s) is _Skipped]
+        if skipped:
+            samples = [s for s in samples if type(s) is not _Skipped]
+        return samples, skipped
+
+    def _batch_seed(self, task: Task) -> None:
+        if self.spec.seed is not None and task.indices:
+            rng.seed_all(rng.mix(self.spec.seed, task.epoch, task.indices[0], len(task.indices)) >> 1)
+
+    def _fetch_map(self, task: Task) -> tuple[Any, list[Failure], bool]:
+        """Returns (batch or samples, skipped, collated already)."""
+        indices = task.indices
+        assert indices is not None
+        spec = self.spec
+        if not spec.auto_collation:
+            return self._one(indices[0], task.epoch), [], False
+        if self.gather is not None:
+            with self.lock or contextlib.nullcontext():
+                self._batch_seed(task)
+                return self.gather(indices, output=spec.output), [], True
+        if self.has_getitems:
+            with self.lock or contextlib.nullcontext():
+                self._batch_seed(task)
+                return self.dataset.__getitems__(indices), [], False
+        samples, skipped = self._samples(task)
+        return samples, skipped, False
+
+    def _fetch_iter(self, task: Task) -> Any:
+        if self.iter_epoch != task.epoch:
+            self.iterator = iter(self.dataset)
+            self.iter_epoch = task.epoch
+            self.exhausted = False
+        if self.exhausted:
+            raise StopIteration
+        spec = self.spec
+        if not spec.auto_collation:
+            try:
+                return next(self.iterator)
+            except StopIteration:
+                self.exhausted = True
+                raise
+        assert spec.batch_size is not None
+        out = []
+        it = self.iterator
+        try:
+            for _ in range(spec.batch_size):
+                out.append(next(it))
+        except StopIteration:
+            self.exhausted = True
+        if not out or (spec.drop_last and len(out) < spec.batch_size):
+            self.exhausted = True
+            raise StopIteration
+        return out
+
+    # -- the task ---------------------------------------------------------
+    def run(self, task: Task, collate: Callable[[Callable[[Any], Any], Any], Any] | None = None) -> Result:
+        """Fetch and collate ``task``. ``collate(fn, samples)`` lets the caller wrap collation."""
+        start = time.perf_counter()
+        spec = self.spec
+        try:
+            if spec.iterable:
+                try:
+                    data = self._fetch_iter(task)
+                except StopIteration:
+                    return Result(task.seq, self._wid(), exhausted=True, start=start, end=time.perf_counter())
+                skipped: list[Failure] = []
+                done = False
+            else:
+                data, skipped, done = self._fetch_map(task)
+            fetched = time.perf_counter()
+            if spec.auto_collation and not done and not data and skipped:
+                return Result(task.seq, self._wid(), empty=True, skipped=tuple(skipped),
+                              start=start, fetched=fetched, end=fetched)
+            if not done and spec.collate_fn is not None:
+                data = collate(spec.collate_fn, data) if collate is not None else spec.collate_fn(data)
+            return Result(task.seq, self._wid(), batch=data, skipped=tuple(skipped),
+                          start=start, fetched=fetched, end=time.perf_counter())
+        except Exception as exc:
+            indices = task.indices
+            return Result(task.seq, self._wid(), failure=capture(exc, self.worker_id, indices),
+                          start=start, end=time.perf_counter())
+
+    def _wid(self) -> int:
+        return -1 if self.worker_id is None else self.worker_id
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.shutdown(wait=True, cancel_futures=True)
+            self.pool = None
+
+
+class _Skipped:
+    __slots__ = ("failure",)
+
+    def __init__(self, failure: Failure) -> None:
+        self.failure = failure
+
+
+def start_worker(spec: WorkerSpec, worker_id: int, *, kind: str) -> Fetcher:
+    """Seed, publish worker info, run ``worker_init_fn``; the worker's fetcher."""
+    thread = kind == "thread"
+    seed = rng.worker_seed(spec.base_seed, worker_id)
+    if not thread:
+        rng.seed_worker(spec.base_seed, worker_id)
+    _set_info(WorkerInfo(worker_id, spec.num_workers, seed, spec.dataset, kind), thread=thread)
+    if spec.worker_init_fn is not None:
+        spec.worker_init_fn(worker_id)
+    return Fetcher(spec, worker_id, shared_rng=thread)
+
+
+# -- the process worker's loop ----------------------------------------------
+
+def serve(spec: WorkerSpec, worker_id: int, gen: int, tasks: Any, results: Any,
+          parent_pid: int, prefix: str) -> None:
+    """Entry point of a process worker: read ``Order``s, answer ``Result``s."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the main process's to handle
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        torch.set_num_threads(1)
+    stack_file = _install_stack_dump(stack_path(prefix, worker_id, gen))
+    from ..collate import use_allocator
+    from ..transport import Packed, SlotPool, Writer, encode
+    from ..transport import segment as _segment
+
+    pool = SlotPool(f"{prefix}w{worker_id}g{gen}_") if _segment.available() else None
+    try:
+        try:
+            fetcher = start_worker(spec, worker_id, kind="process")
+        except Exception as exc:
+            results.send(Hello(worker_id, os.getpid(), capture(exc, worker_id, None, "running worker_init_fn for")))
+            return
+        results.send(Hello(worker_id, os.getpid()))
+        queue: list[Task] = []
+        warned = False
+
+        def collate_into(writer: Writer) -> Callable[[Callable[[Any], Any], Any], Any]:
+            def call(fn: Callable[[Any], Any], samples: Any) -> Any:
+                with use_allocator(writer.alloc):
+                    return fn(samples)
+            return call
+
+        while True:
+            if not queue:
+                order = _receive(tasks, parent_pid)
+                if order is None or order.stop:
+                    return
+                if pool is not None and order.freed:
+                    pool.release(list(order.freed))
+                queue.extend(order.tasks)
+                for t in order.tasks:
+                    fetcher.schedule(t)
+                continue
+            task = queue.pop(0)
+            writer = Writer(pool) if pool is not None and pool.failed is None else None
+            result = fetcher.run(task, collate_into(writer) if writer is not None else None)
+            if result.batch is not None:
+                try:
+                    tree = encode(result.batch, writer)
+                except Exception as exc:
+                    result = Result(task.seq, worker_id, failure=capture(exc, worker_id, task.indices, "sending"))
+                    tree = None
+                if tree is not None:
+                    used = writer.finish() if writer is not None else []
+                    names = tuple((i, pool.slots[i].name) for i in used) if pool is not None else ()
+                    result.batch = Packed(tree, names, gen, worker_id)
+            elif writer is not None:
+                writer.abandon()
+            if pool is not None:
+                result.retired = tuple(pool.take_retired())
+                if pool.failed is not None and not warned:
+                    warned = True
+                    result.warning = pool.failed
+            results.send(result)
+            # take any orders that arrived meanwhile, without blocking
+            while tasks.poll():
+                order = tasks.recv()
+                if order is None or order.stop:
+                    return
+                if pool is not None and order.freed:
+                    pool.release(list(order.freed))
+                queue.extend(order.tasks)
+                for t in order.tasks:
+                    fetcher.schedule(t)
+    except (BrokenPipeError, EOFError, ConnectionResetError):
+        return
+    finally:
+        if pool is not None:
+            pool.close()
+        if stack_file is not None:
+            stack_file.close()
+
+
+def _receive(conn: Any, parent_pid: int) -> Order | None:
+    """Block for the next order; None when the main process is gone."""
+    while True:
+        if conn.poll(0.5):
+            try:
+                return conn.recv()
+            except (EOFError, OSError):
+                return None
+        if os.getppid() != parent_pid:
+            return None
+
+
+def stack_path(prefix: str, worker: int, gen: int) -> str:
+    """Where a process worker writes its Python stack when sent SIGUSR1."""
+    import tempfile
+
+    return os.path.join(tempfile.gettempdir(), f"{prefix or 'conveyor_'}w{worker}g{gen}.stack")
+
+
+def _install_stack_dump(path: str) -> Any:
+    """SIGUSR1 writes every thread's Python stack to ``path`` (read when a worker hangs)."""
+    try:
+        import faulthandler
+
+        f = open(path, "w")
+        faulthandler.register(signal.SIGUSR1, file=f, all_threads=True, chain=False)
+        return f
+    except (AttributeError, ValueError, RuntimeError, OSError):  # pragma: no cover - not on this OS
+        return None

@@ -1,0 +1,792 @@
+"""DataLoader: wires sampler -> executor -> reorder -> (pin) -> user.
+
+::
+
+    batch sampler --Task(seq, epoch, indices)--> executor (inline | threads | processes)
+    user <-- pin <-- decode <-- Reorder(seq) <-- Result(seq, batch | failure, timings)
+
+The loader makes every task in the main process, so its position in an epoch
+is simply how many batches it has handed out; that is what ``state_dict()``
+stores. Executors, recovery and ordering live in ``conveyor.executors``; this
+module only decides what to ask for, and when.
+"""
+
+from __future__ import annotations
+
+import base64
+import itertools
+import math
+import os
+import sys
+import time
+import warnings
+import weakref
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, Generic, TypeVar
+
+from . import _torch, rng
+from .collate import default_collate, default_convert, numpy_collate
+from .errors import Failure, rebuild
+from .executors.inline import InlineExecutor
+from .executors.processes import ProcessExecutor
+from .executors.recovery import Recovery, WorkerDied
+from .executors.reorder import Reorder
+from .executors.task import Death, Result, Task
+from .executors.threads import ThreadExecutor
+from .executors.worker import WorkerSpec
+from .samplers import BatchSampler, RandomSampler, Sampler, SequentialSampler
+from .stats import Stats
+from .transport import to_numpy
+
+__all__ = ["DataLoader", "TooManyFailures", "STATE_VERSION"]
+
+T = TypeVar("T")
+STATE_VERSION = 1
+_TICK = 1.0  # seconds between liveness checks while waiting
+
+
+class TooManyFailures(RuntimeError):
+    """More samples failed than ``max_failures`` allows under ``on_error="skip"``."""
+
+    def __init__(self, message: str, failures: list[Failure]) -> None:
+        super().__init__(message)
+        self.failures = failures
+
+
+def _is_iterable_dataset(dataset: Any) -> bool:
+    from .datasets import IterableDataset
+
+    if isinstance(dataset, IterableDataset):
+        return True
+    torch = _torch.loaded()
+    if torch is not None:
+        from torch.utils.data import IterableDataset as TorchIterable
+
+        if isinstance(dataset, TorchIterable):
+            return True
+    return hasattr(dataset, "__iter__") and not hasattr(dataset, "__getitem__")
+
+
+class _Repeat:
+    """The index sampler of an iterable dataset: 'the next batch', forever."""
+
+    def __iter__(self) -> Iterator[None]:
+        return itertools.repeat(None)
+
+
+def _check_start_method(context: Any, num_workers: int) -> Any:
+    import multiprocessing as mp
+
+    if context is None:
+        return None
+    if num_workers <= 0:
+        raise ValueError(
+            "multiprocessing_context can only be used with multi-process loading "
+            f"(num_workers > 0), but got num_workers={num_workers}")
+    if isinstance(context, str):
+        valid = mp.get_all_start_methods()
+        if context not in valid:
+            raise ValueError(
+                f"multiprocessing_context option should specify a valid start method in {valid!r}, "
+                f"but got multiprocessing_context={context!r}")
+        return mp.get_context(context)
+    if not isinstance(context, mp.context.BaseContext):
+        raise TypeError(
+            "multiprocessing_context option should be a valid context object or a string "
+            f"specifying the start method, but got multiprocessing_context={context}")
+    return context
+
+
+class DataLoader(Generic[T]):
+    """Batches from a dataset, fetched in the background: ``torch.utils.data.DataLoader``'s API.
+
+    Every argument of torch's DataLoader means what it means there. conveyor adds:
+
+    * ``worker_type``: ``"process"`` (default, as torch) or ``"thread"``;
+    * ``output``: ``"torch"`` (default when torch is installed) or ``"numpy"``;
+    * ``seed``: makes sampling and every sample's RNG a function of (seed, epoch,
+      index), identical for any worker count (a ``generator`` does the same);
+    * ``fetch_threads``: samples fetched at once inside each worker (slow storage);
+    * ``on_error`` / ``max_failures``: ``"skip"`` leaves bad samples out of their batch;
+    * ``max_worker_restarts``: dead process workers are replaced, their batches re-issued.
+
+    >>> loader = DataLoader(list(range(10)), batch_size=4, output="numpy")
+    >>> [b.tolist() for b in loader]
+    [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
+    """
+
+    _frozen = ("batch_size", "batch_sampler", "sampler", "drop_last", "dataset", "persistent_workers")
+
+    def __init__(
+        self,
+        dataset: Any,
+        batch_size: int | None = 1,
+        shuffle: bool | None = None,
+        sampler: Sampler[Any] | Iterable[Any] | None = None,
+        batch_sampler: Sampler[list[int]] | Iterable[list[int]] | None = None,
+        num_workers: int = 0,
+        collate_fn: Callable[[list[Any]], Any] | None = None,
+        pin_memory: bool = False,
+        drop_last: bool = False,
+        timeout: float = 0,
+        worker_init_fn: Callable[[int], None] | None = None,
+        multiprocessing_context: Any = None,
+        generator: Any = None,
+        *,
+        prefetch_factor: int | None = None,
+        persistent_workers: bool = False,
+        pin_memory_device: str = "",
+        in_order: bool = True,
+        worker_type: str = "process",
+        output: str | None = None,
+        seed: int | None = None,
+        fetch_threads: int = 1,
+        on_error: str = "raise",
+        max_failures: int | float = 0,
+        max_worker_restarts: int = 3,
+    ) -> None:
+        self._initialized = False
+        if not isinstance(num_workers, int) or isinstance(num_workers, bool):
+            raise TypeError(f"num_workers option should be an int, but got num_workers={num_workers!r}")
+        if num_workers < 0:
+            raise ValueError("num_workers option should be non-negative; "
+                             "use num_workers=0 to disable multiprocessing.")
+        if timeout < 0:
+            raise ValueError("timeout option should be non-negative")
+        if num_workers == 0 and prefetch_factor is not None:
+            raise ValueError("prefetch_factor option could only be specified in multiprocessing."
+                             "let num_workers > 0 to enable multiprocessing, otherwise set prefetch_factor to None.")
+        if num_workers > 0 and prefetch_factor is None:
+            prefetch_factor = 2
+        elif prefetch_factor is not None and prefetch_factor < 0:
+            raise ValueError("prefetch_factor option should be non-negative")
+        if persistent_workers and num_workers == 0:
+            raise ValueError("persistent_workers option needs num_workers > 0")
+        if worker_type not in ("process", "thread"):
+            raise ValueError(f"worker_type must be 'process' or 'thread', but got worker_type={worker_type!r}")
+        if output is None:
+            output = "torch" if _torch.available() else "numpy"
+        if output not in ("torch", "numpy"):
+            raise ValueError(f"output must be 'torch' or 'numpy', but got output={output!r}")
+        if output == "torch" and not _torch.available():
+            raise ValueError("output='torch' needs torch: pip install 'conveyor[torch]', or use output='numpy'")
+        if not isinstance(fetch_threads, int) or isinstance(fetch_threads, bool) or fetch_threads < 1:
+            raise ValueError(f"fetch_threads must be a positive int, but got fetch_threads={fetch_threads!r}")
+        if on_error not in ("raise", "skip"):
+            raise ValueError(f"on_error must be 'raise' or 'skip', but got on_error={on_error!r}")
+        if isinstance(max_failures, bool) or not isinstance(max_failures, (int, float)) or max_failures < 0:
+            raise ValueError(f"max_failures must be a non-negative count or fraction, got max_failures={max_failures!r}")
+        if isinstance(max_failures, float) and max_failures > 1:
+            raise ValueError(f"max_failures as a fraction must be at most 1, got max_failures={max_failures!r}")
+        if not isinstance(max_worker_restarts, int) or max_worker_restarts < 0:
+            raise ValueError(f"max_worker_restarts must be a non-negative int, got {max_worker_restarts!r}")
+        if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)):
+            raise TypeError(f"seed must be an int, but got seed={seed!r}")
+
+        self.num_workers = num_workers
+        self.prefetch_factor = prefetch_factor
+        self.pin_memory = pin_memory
+        self.pin_memory_device = pin_memory_device
+        self.timeout = timeout
+        self.worker_init_fn = worker_init_fn
+        self.multiprocessing_context = _check_start_method(multiprocessing_context, num_workers)
+        self.in_order = in_order
+        self.worker_type = worker_type
+        self.output = output
+        self.fetch_threads = fetch_threads
+        self.on_error = on_error
+        self.max_failures = max_failures
+        self.max_worker_restarts = max_worker_restarts
+
+        iterable = _is_iterable_dataset(dataset)
+        if iterable:
+            if shuffle not in (False, None):
+                raise ValueError(f"DataLoader with IterableDataset: expected unspecified shuffle option, "
+                                 f"but got shuffle={shuffle}")
+            if sampler is not None:
+                raise ValueError(f"DataLoader with IterableDataset: expected unspecified sampler option, "
+                                 f"but got sampler={sampler}")
+            if batch_sampler is not None:
+                raise ValueError(f"DataLoader with IterableDataset: expected unspecified batch_sampler "
+                                 f"option, but got batch_sampler={batch_sampler}")
+        else:
+            shuffle = bool(shuffle)
+        if sampler is not None and shuffle:
+            raise ValueError("sampler option is mutually exclusive with shuffle")
+        if batch_sampler is not None:
+            if batch_size != 1 or shuffle or sampler is not None or drop_last:
+                raise ValueError("batch_sampler option is mutually exclusive with batch_size, shuffle, "
+                                 "sampler, and drop_last")
+            batch_size = None
+            drop_last = False
+        elif batch_size is None:
+            if drop_last:
+                raise ValueError("batch_size=None option disables auto-batching and is mutually "
+                                 "exclusive with drop_last")
+
+        if seed is None and _torch.is_generator(generator):
+            seed = int(generator.initial_seed())
+        self.seed = seed
+        self._own_sampler = sampler is None and not iterable
+        if sampler is None:
+            if iterable:
+                sampler = _Repeat()
+            elif shuffle:
+                sampler = RandomSampler(dataset, generator=generator, seed=seed if generator is None else None)
+            else:
+                sampler = SequentialSampler(dataset)
+        if batch_size is not None and batch_sampler is None and not iterable:
+            batch_sampler = BatchSampler(sampler, batch_size, drop_last)
+
+        self.dataset = dataset
+        self.batch_size = batch_size
+        self.drop_last = drop_last
+        self.sampler = sampler
+        self.batch_sampler = batch_sampler
+        self.generator = generator
+        self._iterable = iterable
+        self._auto_collation = batch_size is not None if iterable else batch_sampler is not None
+        self._default_collate = collate_fn is None
+        if collate_fn is None:
+            if self._auto_collation:
+                collate_fn = default_collate if output == "torch" else numpy_collate
+            else:
+                collate_fn = default_convert if output == "torch" else _identity
+        self.collate_fn = collate_fn
+        self.persistent_workers = persistent_workers
+        self._epoch = 0
+        self._persistent: _Pool | None = None
+        self._runs: weakref.WeakSet[_Run] = weakref.WeakSet()
+        self._stats = Stats()
+        self._resume: dict[str, Any] | None = None
+        self._last_run: _Run | None = None
+        self._len_called: int | None = None
+        self._closed = False
+        self._initialized = True
+        if num_workers > 0:
+            self._check_worker_count()
+
+    # -- torch's guards -----------------------------------------------------
+    def __setattr__(self, attr: str, val: Any) -> None:
+        if getattr(self, "_initialized", False) and attr in self._frozen:
+            raise ValueError(f"{attr} attribute should not be set after {type(self).__name__} is initialized")
+        super().__setattr__(attr, val)
+
+    def _check_worker_count(self) -> None:
+        try:
+            cpus = len(os.sched_getaffinity(0))
+        except AttributeError:  # pragma: no cover - macOS
+            cpus = os.cpu_count() or 1
+        if self.num_workers > cpus and self.worker_type == "process":
+            warnings.warn(
+                f"This DataLoader will create {self.num_workers} worker processes in total. This "
+                f"process may use at most {cpus} CPUs, so too many workers may make loading slow "
+                "or even freeze it; lower num_workers (or try num_workers='auto').", stacklevel=3)
+
+    def __getstate__(self) -> Any:
+        raise NotImplementedError(f"{type(self).__name__} cannot be pickled")
+
+    # -- sizes --------------------------------------------------------------
+    @property
+    def _index_sampler(self) -> Any:
+        if self._iterable:
+            return self.sampler
+        return self.batch_sampler if self._auto_collation else self.sampler
+
+    def __len__(self) -> int:
+        if self._iterable:
+            length = len(self.dataset)
+            self._len_called = length
+            if self.batch_size is not None:
+                length = length // self.batch_size if self.drop_last else math.ceil(length / self.batch_size)
+            return length
+        return len(self._index_sampler)
+
+    # -- iteration ----------------------------------------------------------
+    def __iter__(self) -> _Run:
+        if self._closed:
+            raise RuntimeError("this DataLoader is closed")
+        epoch, skip, base_seed = self._epoch, 0, None
+        if self._resume is not None:
+            epoch, skip = self._resume["epoch"], self._resume["batches"]
+            base_seed = self._resume.get("base_seed")
+            self._resume = None
+        self._epoch = epoch + 1
+        if self._own_sampler and self.seed is not None and hasattr(self.sampler, "set_epoch"):
+            self.sampler.set_epoch(epoch)
+        if self.persistent_workers and self.num_workers > 0:
+            if self._persistent is None or self._persistent.dead:
+                self._persistent = _Pool.start(self, base_seed if base_seed is not None
+                                               else self._draw_base_seed(epoch))
+            pool = self._persistent
+            for run in list(self._runs):
+                run._abandon()
+        else:
+            pool = _Pool.start(self, base_seed if base_seed is not None else self._draw_base_seed(epoch))
+        run = _Run(self, pool, epoch, skip, owns_pool=not (self.persistent_workers and self.num_workers > 0))
+        self._runs.add(run)
+        self._last_run = run
+        return run
+
+    def _draw_base_seed(self, epoch: int) -> int:
+        # torch draws the workers' base seed from loader.generator (or the global RNG) for
+        # every new iterator; doing the same keeps shuffled orders identical to torch's.
+        if self.seed is not None and not _torch.is_generator(self.generator):
+            return rng.mix(self.seed, epoch, 0x5EED) >> 1
+        torch = _torch.get()
+        if torch is not None:
+            return int(torch.empty((), dtype=torch.int64).random_(generator=self.generator).item())
+        import numpy as np
+
+        return int(np.random.randint(0, 2**62))
+
+    def _spec(self, base_seed: int) -> WorkerSpec:
+        gather = (self._default_collate and self._auto_collation and not self._iterable
+                  and self.on_error == "raise" and callable(getattr(self.dataset, "gather", None)))
+        return WorkerSpec(
+            dataset=self.dataset,
+            collate_fn=self.collate_fn,
+            auto_collation=self._auto_collation,
+            batch_size=self.batch_size,
+            drop_last=self.drop_last,
+            iterable=self._iterable,
+            num_workers=self.num_workers,
+            base_seed=base_seed,
+            seed=self.seed,
+            worker_init_fn=self.worker_init_fn,
+            fetch_threads=self.fetch_threads,
+            on_error=self.on_error,
+            gather=gather,
+            output=self.output,
+            default_collate=self._default_collate,
+        )
+
+    # -- introspection ------------------------------------------------------
+    def stats(self) -> dict[str, Any]:
+        """Per-stage timings, wait fraction, per-worker fetch times, throughput and failures."""
+        snap = self._stats.snapshot()
+        snap["num_workers"] = self.num_workers
+        snap["worker_type"] = self.worker_type if self.num_workers else "inline"
+        snap["prefetch_factor"] = self.prefetch_factor
+        snap["fetch_threads"] = self.fetch_threads
+        return snap
+
+    # -- checkpointing ------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """Plain-JSON position of this loader: resume with :meth:`load_state_dict`.
+
+        >>> loader = DataLoader(list(range(10)), batch_size=2, output="numpy")
+        >>> it = iter(loader); _ = next(it)
+        >>> loader.state_dict()["batches"]
+        1
+        """
+        run = self._last_run
+        if self._resume is not None:
+            return dict(self._resume)
+        if run is None:
+            epoch, batches = self._epoch, 0
+        elif run.finished:
+            epoch, batches = run.epoch + 1, 0
+        else:
+            epoch, batches = run.epoch, run.yielded
+        state: dict[str, Any] = {
+            "version": STATE_VERSION,
+            "epoch": epoch,
+            "batches": batches,
+            "dataset_len": self._dataset_len(),
+            "seed": self.seed,
+        }
+        if not self._iterable:
+            sampler = self._index_sampler
+            if batches == 0 and run is not None and run.finished:
+                state["sampler"] = None  # the next epoch starts afresh
+            else:
+                sd = getattr(sampler, "state_dict", None)
+                if sd is None:
+                    if not isinstance(sampler, BatchSampler) or getattr(sampler.sampler, "state_dict", None) is None:
+                        if _is_stateless(sampler):
+                            state["sampler"] = None
+                        else:
+                            raise TypeError(
+                                f"{type(sampler).__name__} has no state_dict(): implement state_dict() and "
+                                "load_state_dict() on the sampler to make this loader resumable")
+                state.setdefault("sampler", sd() if sd is not None else None)
+        gen = self.generator
+        if _torch.is_generator(gen):
+            gstate = run.generator_state if run is not None and batches else None
+            if gstate is None:
+                gstate = gen.get_state()
+            state["generator"] = base64.b64encode(bytes(gstate.numpy().tobytes())).decode("ascii")
+        if run is not None and batches:
+            state["base_seed"] = run.pool.base_seed
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from ``state``: the rest of the interrupted epoch, then the same epochs after."""
+        if not isinstance(state, dict) or state.get("version") != STATE_VERSION:
+            raise ValueError(f"not a conveyor DataLoader state of version {STATE_VERSION}: {state!r:.200}")
+        for run in list(self._runs):
+            if not run.finished and run.yielded > 0:
+                raise RuntimeError("load_state_dict() while an iterator of this loader is running: finish "
+                                   "or abandon the epoch (or create a new loader) before loading a state")
+        n = self._dataset_len()
+        if state.get("dataset_len") != n:
+            raise ValueError(f"this state was saved for a dataset of length {state.get('dataset_len')}, "
+                             f"but this loader's dataset has length {n}")
+        if state.get("seed") != self.seed:
+            raise ValueError(f"this state was saved with seed={state.get('seed')}, this loader has seed={self.seed}")
+        sampler_state = state.get("sampler")
+        if sampler_state is not None:
+            sampler = self._index_sampler
+            load = getattr(sampler, "load_state_dict", None)
+            if load is None:
+                raise TypeError(f"{type(sampler).__name__} has no load_state_dict(): cannot resume its position")
+            load(sampler_state)
+        gen = self.generator
+        if "generator" in state and _torch.is_generator(gen):
+            torch = _torch.get()
+            assert torch is not None
+            raw = base64.b64decode(state["generator"])
+            gen.set_state(torch.frombuffer(bytearray(raw), dtype=torch.uint8))
+        self._resume = {"epoch": int(state["epoch"]), "batches": int(state["batches"]),
+                        "base_seed": state.get("base_seed")}
+        self._epoch = int(state["epoch"])
+
+    def _dataset_len(self) -> int | None:
+        try:
+            return len(self.dataset)
+        except TypeError:
+            return None
+
+    # -- shutdown -----------------------------------------------------------
+    def close(self) -> None:
+        """Stop every worker and free shared memory. Idempotent; iteration ends."""
+        for run in list(self._runs):
+            run.close()
+        if self._persistent is not None:
+            self._persistent.close()
+            self._persistent = None
+
+    def __enter__(self) -> DataLoader[T]:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            if self._persistent is not None:
+                self._persistent.close()
+        except Exception:
+            pass
+
+
+def _identity(x: Any) -> Any:
+    return x
+
+
+def _is_stateless(sampler: Any) -> bool:
+    inner = getattr(sampler, "sampler", sampler)
+    return type(inner).__name__ == "SequentialSampler"
+
+
+class _Pool:
+    """An executor and the seed its workers were started with."""
+
+    def __init__(self, executor: Any, base_seed: int, spec: WorkerSpec) -> None:
+        self.executor = executor
+        self.base_seed = base_seed
+        self.spec = spec
+        self.dead = False
+        self.seq = 0  # next task number; grows across epochs
+        self._finalizer = weakref.finalize(self, executor.close)
+
+    @classmethod
+    def start(cls, loader: DataLoader[Any], base_seed: int) -> _Pool:
+        spec = loader._spec(base_seed)
+        if loader.num_workers == 0:
+            ex: Any = InlineExecutor(spec)
+        elif loader.worker_type == "thread":
+            ex = ThreadExecutor(spec, loader.num_workers)
+        else:
+            ex = ProcessExecutor(spec, loader.num_workers, loader.multiprocessing_context)
+        return cls(ex, base_seed, spec)
+
+    def close(self) -> None:
+        self.dead = True
+        self._finalizer()
+
+
+class _Run(Generic[T]):
+    """One pass over the data: what ``iter(loader)`` returns."""
+
+    def __init__(self, loader: DataLoader[T], pool: _Pool, epoch: int, skip: int, *, owns_pool: bool) -> None:
+        self.loader = loader
+        self.pool = pool
+        self.ex = pool.executor
+        self.epoch = epoch
+        self.owns_pool = owns_pool
+        self.finished = False
+        self.yielded = skip
+        self.stats = loader._stats
+        gen = loader.generator
+        self.generator_state = gen.get_state() if _torch.is_generator(gen) else None
+        self.batches: Iterator[Any] = iter(loader._index_sampler)
+        if skip:
+            self.batches = itertools.islice(self.batches, skip, None)
+        self.sampler_done = False
+        self.first_seq = pool.seq
+        self.reorder = Reorder(pool.seq, loader.in_order)
+        self.inflight: dict[int, tuple[int, Task]] = {}
+        self.active = [True] * self.ex.num_workers  # iterable datasets: replicas not yet exhausted
+        self.rr = 0
+        inline = self.ex.kind == "inline"
+        self.per_worker = 1 if inline else max(1, loader.prefetch_factor or 2)
+        if loader.prefetch_factor == 0 and not inline:
+            self.per_worker = 1
+        self.recovery = Recovery(loader.max_worker_restarts, can_reissue=not loader._iterable)
+        self.samples_seen = 0
+        self.failed = 0
+        self.pin = _pinner(loader)
+        self.to_numpy = loader.output == "numpy" and not loader._default_collate
+
+    # -- iterator protocol --------------------------------------------------
+    def __iter__(self) -> _Run[T]:
+        return self
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    def __next__(self) -> T:
+        if self.finished:
+            raise StopIteration
+        asked = time.perf_counter()
+        try:
+            batch, size = self._next()
+        except StopIteration:
+            self._finish()
+            raise
+        self.yielded += 1
+        self.stats.handed(asked, time.perf_counter(), size, len(self.reorder))
+        return batch
+
+    def _next(self) -> tuple[Any, int]:
+        waited_since = time.monotonic()
+        while True:
+            r = self.reorder.pop()
+            if r is not None:
+                out = self._take(r)
+                if out is not None:
+                    return out
+                waited_since = time.monotonic()
+                continue
+            self._fill()
+            if not self.inflight and self.sampler_done and not len(self.reorder):
+                raise StopIteration
+            timeout = _TICK
+            if self.loader.timeout > 0:
+                timeout = min(timeout, max(0.0, waited_since + self.loader.timeout - time.monotonic()))
+            events = self.ex.poll(timeout)
+            if not events:
+                if self.loader.timeout > 0 and time.monotonic() - waited_since >= self.loader.timeout:
+                    raise self._timeout_error()
+                continue
+            for ev in events:
+                if isinstance(ev, Death):
+                    self._on_death(ev)
+                elif ev.seq < self.first_seq or ev.seq not in self.inflight:
+                    self.ex.release(ev)  # from an abandoned epoch
+                else:
+                    self.inflight.pop(ev.seq, None)
+                    self.reorder.push(ev)
+
+    def _take(self, r: Result) -> tuple[Any, int] | None:
+        """The user's batch from a result, or None when there is nothing to hand out."""
+        if r.start:
+            self.stats.result(r.worker, r.start, r.fetched, r.end)
+        if r.exhausted:
+            if 0 <= r.worker < len(self.active):
+                self.active[r.worker] = False
+            return None
+        loader = self.loader
+        if r.skipped:
+            self._count_failures(list(r.skipped))
+        if r.failure is not None:
+            if loader.on_error == "skip" and r.failure.where == "fetching":
+                self._count_failures([r.failure], samples=len(r.failure.indices or []) or 1)
+                return None
+            raise rebuild(r.failure)
+        if r.empty:
+            return None
+        n = _batch_size(self.loader, r)
+        self.samples_seen += n + len(r.skipped)
+        batch = self.ex.decode(r)
+        if self.to_numpy:
+            batch = to_numpy(batch)
+        if self.pin is not None:
+            batch = self.pin(batch)
+        return batch, n
+
+    def _count_failures(self, failures: list[Failure], samples: int | None = None) -> None:
+        self.stats.skipped(failures)
+        self.failed += samples if samples is not None else len(failures)
+        if samples is not None:
+            self.samples_seen += samples
+        limit = self.loader.max_failures
+        seen = max(1, self.samples_seen)
+        over = self.failed > limit if isinstance(limit, int) else self.failed / seen > limit
+        if over:
+            first = self.stats.failures[0] if self.stats.failures else failures[0]
+            kinds: dict[str, int] = {}
+            for f in self.stats.failures:
+                kinds[f.type_name.rsplit(".", 1)[-1]] = kinds.get(f.type_name.rsplit(".", 1)[-1], 0) + 1
+            summary = ", ".join(f"{k} x{v}" for k, v in sorted(kinds.items(), key=lambda kv: -kv[1]))
+            err = TooManyFailures(
+                f"{self.failed} of {seen} samples failed so far ({summary}), more than "
+                f"max_failures={limit!r} allows under on_error='skip'. The first failure is chained below.",
+                list(self.stats.failures))
+            raise err from rebuild(first)
+
+    # -- dispatch -----------------------------------------------------------
+    def _fill(self) -> None:
+        ex = self.ex
+        if self.sampler_done:
+            return
+        n = ex.num_workers
+        cap = self.per_worker
+        if ex.kind == "inline":
+            if self.inflight or len(self.reorder):
+                return
+            self._send(0, 1)
+            return
+        if self.loader._iterable:
+            # strict round robin over live replicas, as torch does
+            for _ in range(n * cap):
+                for _ in range(n):
+                    w = self.rr
+                    self.rr = (self.rr + 1) % n
+                    if self.active[w]:
+                        break
+                else:
+                    self.sampler_done = True
+                    return
+                if ex.outstanding(w) >= cap:
+                    return
+                if not self._send(w, 1):
+                    return
+            return
+        order = sorted(range(n), key=lambda w: (ex.outstanding(w), (w - self.rr) % n))
+        for w in order:
+            room = cap - ex.outstanding(w)
+            if room > 0 and not self._send(w, room):
+                break
+        self.rr = (self.rr + 1) % n
+        flush = getattr(ex, "flush_freed", None)
+        if flush is not None:
+            flush()
+
+    def _send(self, worker: int, count: int) -> bool:
+        tasks: list[Task] = []
+        for _ in range(count):
+            try:
+                indices = next(self.batches)
+            except StopIteration:
+                self.sampler_done = True
+                break
+            if indices is not None and not self.loader._auto_collation:
+                indices = [indices]
+            elif indices is not None and not isinstance(indices, list):
+                indices = list(indices)
+            seq = self.pool.seq
+            self.pool.seq += 1
+            task = Task(seq, self.epoch, indices)
+            tasks.append(task)
+            self.inflight[seq] = (worker, task)
+        if tasks:
+            self.ex.submit(worker, tasks)
+        return not self.sampler_done
+
+    # -- faults -------------------------------------------------------------
+    def _on_death(self, death: Death) -> None:
+        self.stats.deaths.append(death.describe())
+        if not self.recovery.should_restart(death):
+            err = self.recovery.error()
+            self.close()
+            raise err
+        self.stats.restarts += 1
+        tasks = self.ex.restart(death.worker)
+        tasks = [t for t in tasks if t.seq in self.inflight]
+        if tasks:
+            for t in tasks:
+                self.inflight[t.seq] = (death.worker, t)
+            self.ex.submit(death.worker, tasks)
+
+    def _timeout_error(self) -> RuntimeError:
+        seq = self.reorder.next if self.loader.in_order else min(self.inflight, default=None)
+        where = self.inflight.get(seq) if seq is not None else None
+        if where is None:
+            return RuntimeError(f"DataLoader timed out after {self.loader.timeout} seconds")
+        worker, task = where
+        stack = None
+        if hasattr(self.ex, "stack"):
+            stack = self.ex.stack(worker)
+        idx = "the next batch" if task.indices is None else f"indices {task.indices}"
+        msg = (f"DataLoader timed out after {self.loader.timeout} seconds waiting for batch {seq - self.first_seq} "
+               f"of this epoch ({idx}) from worker {worker}")
+        if stack:
+            msg += f"; its Python stack right now:\n{stack}"
+        return RuntimeError(msg)
+
+    # -- endings ------------------------------------------------------------
+    def _finish(self) -> None:
+        if self.finished:
+            return
+        self.finished = True
+        self.stats.epoch_end()
+        if self.owns_pool:
+            self.pool.close()
+
+    def _abandon(self) -> None:
+        """A new epoch starts on the same (persistent) workers: drop this one."""
+        if self.finished:
+            return
+        self.finished = True
+        for r in list(self.reorder.buffer.values()):
+            self.ex.release(r)
+        self.reorder.buffer.clear()
+        self.inflight.clear()
+
+    def close(self) -> None:
+        self._abandon()
+        if self.owns_pool:
+            self.pool.close()
+
+    def __del__(self) -> None:
+        try:
+            if self.owns_pool and not self.pool.dead:
+                self.pool.close()
+        except Exception:
+            pass
+
+
+def _batch_size(loader: DataLoader[Any], r: Result) -> int:
+    if not loader._auto_collation:
+        return 1
+    return loader.batch_size or 1
+
+
+def _pinner(loader: DataLoader[Any]) -> Callable[[Any], Any] | None:
+    if not loader.pin_memory:
+        return None
+    torch = _torch.get()
+    if torch is None or not torch.cuda.is_available():
+        warnings.warn("'pin_memory' argument is set as true but no accelerator is found, then device "
+                      "pinned memory won't be used.", stacklevel=4)
+        return None
+    from .device import pin
+
+    return pin
+
+
+if sys.version_info < (3, 11):  # pragma: no cover
+    raise ImportError("conveyor needs Python 3.11 or newer")

@@ -1,0 +1,133 @@
+"""Encoding a batch tree for the trip from a worker to the main process.
+
+Array leaves (numpy arrays and CPU torch tensors with a numpy dtype) become
+:class:`Leaf` records: either a place in a shared-memory slot (large leaves;
+zero-copy when collate already wrote them there) or the array itself, pickled
+inline (small leaves, where a pickle is cheaper than a mapping). Everything
+else (scalars, strings, custom objects) travels as it is, beside them.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .._tree import tree_map
+from .slots import Views, Writer
+
+__all__ = ["Leaf", "Packed", "encode", "decode", "INLINE_BYTES"]
+
+INLINE_BYTES = 1 << 15  # leaves smaller than this travel inline in the message
+
+
+@dataclass(frozen=True, slots=True)
+class Leaf:
+    """One array leaf: in slot ``slot`` at ``offset``, or ``inline``."""
+
+    tensor: bool
+    dtype: str
+    shape: tuple[int, ...]
+    slot: int = -1
+    offset: int = 0
+    inline: np.ndarray | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Packed:
+    """A batch as it crosses the process boundary."""
+
+    tree: Any
+    slots: tuple[tuple[int, str], ...]  # (slot id, segment name) the leaves use
+    gen: int
+    worker: int
+
+
+def _as_numpy(obj: Any) -> tuple[np.ndarray, bool] | None:
+    if type(obj) is np.ndarray:
+        if obj.dtype.hasobject or obj.dtype.kind in "UVSMm":
+            return None
+        return obj, False
+    torch = sys.modules.get("torch")
+    if torch is not None and type(obj) is torch.Tensor:
+        if obj.device.type != "cpu" or obj.requires_grad or obj.is_sparse or obj.is_quantized:
+            return None
+        if obj.is_conj() or obj.is_neg():
+            obj = obj.resolve_conj().resolve_neg()
+        try:
+            return obj.numpy(), True
+        except (TypeError, RuntimeError):  # bfloat16 and other dtypes numpy lacks
+            return None
+    return None
+
+
+def encode(batch: Any, writer: Writer | None) -> Any:
+    """Replace array leaves of ``batch`` with :class:`Leaf` records."""
+
+    def leaf(obj: Any) -> Any:
+        got = _as_numpy(obj)
+        if got is None:
+            return obj
+        arr, is_tensor = got
+        nbytes = arr.nbytes
+        if writer is None or nbytes < INLINE_BYTES:
+            return Leaf(is_tensor, arr.dtype.str, arr.shape, inline=arr)
+        if arr.flags.c_contiguous:
+            where = writer.locate(arr.__array_interface__["data"][0], nbytes)
+            if where is not None:
+                return Leaf(is_tensor, arr.dtype.str, arr.shape, slot=where[0], offset=where[1])
+        out = writer.alloc(arr.shape, arr.dtype)  # large enough: never refused for size
+        if out is None:
+            return Leaf(is_tensor, arr.dtype.str, arr.shape, inline=np.ascontiguousarray(arr))
+        np.copyto(out, arr, casting="no")
+        where = writer.locate(out.__array_interface__["data"][0], nbytes)
+        assert where is not None
+        return Leaf(is_tensor, arr.dtype.str, arr.shape, slot=where[0], offset=where[1])
+
+    return tree_map(leaf, batch)
+
+
+def decode(packed: Packed, views: Views, *, output: str) -> Any:
+    """Rebuild the batch in the main process as views over the slots."""
+    roots: dict[int, np.ndarray] = {}
+    for slot_id, name in packed.slots:
+        roots[slot_id] = views.root((packed.worker, packed.gen, slot_id), name)
+    torch = sys.modules.get("torch") if output == "torch" else None
+
+    def leaf(obj: Any) -> Any:
+        if type(obj) is not Leaf:
+            return obj
+        if obj.inline is not None:
+            arr = obj.inline
+        else:
+            dtype = np.dtype(obj.dtype)
+            n = int(np.prod(obj.shape, dtype=np.int64)) * dtype.itemsize
+            root = roots[obj.slot]
+            arr = root[obj.offset: obj.offset + n].view(dtype).reshape(obj.shape)
+        if torch is not None and obj.tensor:
+            return torch.from_numpy(arr)
+        return arr
+
+    return tree_map(leaf, packed.tree)
+
+
+def to_numpy(batch: Any) -> Any:
+    """Turn every torch tensor leaf of ``batch`` into a numpy array (no copy on CPU)."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return batch
+
+    def leaf(obj: Any) -> Any:
+        if isinstance(obj, torch.Tensor):
+            t = obj.detach()
+            if t.device.type != "cpu":
+                t = t.cpu()
+            try:
+                return t.numpy()
+            except TypeError:
+                return t.float().numpy()
+        return obj
+
+    return tree_map(leaf, batch)
