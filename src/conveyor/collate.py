@@ -74,7 +74,7 @@ class CollateFn(Protocol):
 
 CollateFnMap = Mapping[type | tuple[type, ...], CollateFn]
 Allocator = Callable[[tuple[int, ...], np.dtype], np.ndarray | None]
-"""``alloc(shape, dtype)`` returns a writable C-contiguous array of that shape and dtype, or None."""
+"""``alloc(shape, dtype)`` returns a writable C-contiguous array of that shape and dtype, or None"""
 
 
 # --------------------------------------------------------------------------- torch, lazily
@@ -333,7 +333,9 @@ def collate(batch: Sequence[Any], *, collate_fn_map: CollateFnMap | None = None)
 
     # Exact builtin containers first: same result as the generic paths below, fewer checks.
     if elem_type is dict:
-        return {key: collate([d[key] for d in batch], collate_fn_map=collate_fn_map) for key in elem}
+        return {
+            key: collate([d[key] for d in batch], collate_fn_map=collate_fn_map) for key in elem
+        }
     if elem_type is tuple or elem_type is list:
         columns = _transpose(batch)
         return [collate(column, collate_fn_map=collate_fn_map) for column in columns]
@@ -344,7 +346,8 @@ def collate(batch: Sequence[Any], *, collate_fn_map: CollateFnMap | None = None)
         }
         return _rebuild_mapping(elem, values)
     if isinstance(elem, tuple) and hasattr(elem, "_fields"):  # namedtuple: no length check
-        return elem_type(*(collate(column, collate_fn_map=collate_fn_map) for column in zip(*batch)))
+        columns = zip(*batch)
+        return elem_type(*(collate(column, collate_fn_map=collate_fn_map) for column in columns))
     if isinstance(elem, Sequence):
         columns = _transpose(batch)
         items = [collate(column, collate_fn_map=collate_fn_map) for column in columns]
