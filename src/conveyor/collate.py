@@ -81,7 +81,6 @@ Allocator = Callable[[tuple[int, ...], np.dtype], np.ndarray | None]
 
 _UNSET: Any = object()
 _torch_module: Any = _UNSET  # tests set this to None to play "torch is not installed"
-_worker_info: Callable[[], object] | None = None
 
 
 def _load_torch() -> ModuleType | None:
@@ -127,13 +126,6 @@ def _sparse(torch: ModuleType) -> frozenset[Any]:
             getattr(torch, name) for name in _SPARSE_LAYOUT_NAMES if hasattr(torch, name)
         )
     return _sparse_layouts
-
-
-def _in_torch_worker(torch: ModuleType) -> bool:
-    global _worker_info
-    if _worker_info is None:
-        _worker_info = torch.utils.data.get_worker_info
-    return _worker_info() is not None
 
 
 # --------------------------------------------------------------------------- dtypes
@@ -417,10 +409,6 @@ def collate_tensor_fn(batch: Sequence[Any], *, collate_fn_map: CollateFnMap | No
         out = _stack_tensors_into(batch, torch, alloc)
         if out is not None:
             return out
-    if _in_torch_worker(torch) and elem.device.type == "cpu":
-        # Inside torch's own worker processes, stack straight into shared memory as torch does.
-        shared = torch.empty((len(batch), *elem.shape), dtype=elem.dtype).share_memory_()
-        return torch.stack(batch, 0, out=shared)
     return torch.stack(batch, 0)
 
 

@@ -33,7 +33,7 @@ from .executors.recovery import Recovery, WorkerDied
 from .executors.reorder import Reorder
 from .executors.task import Death, Result, Task
 from .executors.threads import ThreadExecutor
-from .executors.worker import WorkerSpec
+from .executors.worker import Fetcher, WorkerSpec
 from .samplers import BatchSampler, RandomSampler, Sampler, SequentialSampler
 from .stats import Stats
 from .transport import to_numpy
@@ -43,6 +43,9 @@ __all__ = ["DataLoader", "TooManyFailures", "STATE_VERSION"]
 T = TypeVar("T")
 STATE_VERSION = 1
 _TICK = 1.0  # seconds between liveness checks while waiting
+# A batch that costs less than this in the main process is cheaper to make there
+# than to receive from a worker (pickle, pipe, wake-ups): adaptive loaders keep it.
+INLINE_MAX_S = 200e-6
 
 
 class TooManyFailures(RuntimeError):
@@ -108,7 +111,10 @@ class DataLoader(Generic[T]):
       index), identical for any worker count (a ``generator`` does the same);
     * ``fetch_threads``: samples fetched at once inside each worker (slow storage);
     * ``on_error`` / ``max_failures``: ``"skip"`` leaves bad samples out of their batch;
-    * ``max_worker_restarts``: dead process workers are replaced, their batches re-issued.
+    * ``max_worker_restarts``: dead process workers are replaced, their batches re-issued;
+    * ``adaptive``: batches that cost less in the main process than a trip from a
+      worker (tiny samples) are made in the main process, and workers start only
+      when they pay off. ``False`` always uses the workers.
 
     >>> loader = DataLoader(list(range(10)), batch_size=4, output="numpy")
     >>> [b.tolist() for b in loader]
@@ -144,6 +150,7 @@ class DataLoader(Generic[T]):
         on_error: str = "raise",
         max_failures: int | float = 0,
         max_worker_restarts: int = 3,
+        adaptive: bool = True,
     ) -> None:
         self._initialized = False
         if not isinstance(num_workers, int) or isinstance(num_workers, bool):
@@ -197,6 +204,7 @@ class DataLoader(Generic[T]):
         self.on_error = on_error
         self.max_failures = max_failures
         self.max_worker_restarts = max_worker_restarts
+        self.adaptive = adaptive
 
         iterable = _is_iterable_dataset(dataset)
         if iterable:
@@ -369,6 +377,9 @@ class DataLoader(Generic[T]):
         snap["worker_type"] = self.worker_type if self.num_workers else "inline"
         snap["prefetch_factor"] = self.prefetch_factor
         snap["fetch_threads"] = self.fetch_threads
+        pool = self._persistent or (self._last_run.pool if self._last_run is not None else None)
+        snap["main_process_batches"] = pool.inline_batches if pool is not None else 0
+        snap["workers_started"] = bool(pool is not None and pool.started and self.num_workers > 0)
         return snap
 
     # -- checkpointing ------------------------------------------------------
@@ -491,30 +502,86 @@ def _is_stateless(sampler: Any) -> bool:
 
 
 class _Pool:
-    """An executor and the seed its workers were started with."""
+    """The workers of a loader (started lazily), the main process's own fetcher, and the seed.
 
-    def __init__(self, executor: Any, base_seed: int, spec: WorkerSpec) -> None:
-        self.executor = executor
+    With ``adaptive=True`` the main process fetches the first batches itself and
+    starts the workers only when a batch costs more than sending it would
+    (``INLINE_MAX_S``): for datasets of tiny samples, workers are never a loss.
+    """
+
+    def __init__(self, loader: DataLoader[Any], base_seed: int) -> None:
+        self.spec = loader._spec(base_seed)
         self.base_seed = base_seed
-        self.spec = spec
+        self.num_workers = loader.num_workers
+        self.worker_type = loader.worker_type
+        self.context = loader.multiprocessing_context
         self.dead = False
         self.seq = 0  # next task number; grows across epochs
-        self._finalizer = weakref.finalize(self, executor.close)
+        self._holder: list[Any] = []
+        self._finalizer = weakref.finalize(self, _close_all, self._holder)
+        self.local: Fetcher | None = None
+        self.adaptive = (loader.adaptive and self.num_workers > 0 and not loader._iterable
+                         and loader.worker_init_fn is None)
+        self.mode = "probe" if self.adaptive else "workers"
+        self.inline_costs: list[float] = []
+        self.inline_batches = 0
+        if self.num_workers == 0:
+            self._holder.append(InlineExecutor(self.spec))
 
     @classmethod
     def start(cls, loader: DataLoader[Any], base_seed: int) -> _Pool:
-        spec = loader._spec(base_seed)
-        if loader.num_workers == 0:
-            ex: Any = InlineExecutor(spec)
-        elif loader.worker_type == "thread":
-            ex = ThreadExecutor(spec, loader.num_workers)
-        else:
-            ex = ProcessExecutor(spec, loader.num_workers, loader.multiprocessing_context)
-        return cls(ex, base_seed, spec)
+        return cls(loader, base_seed)
+
+    @property
+    def started(self) -> bool:
+        return bool(self._holder)
+
+    @property
+    def executor(self) -> Any:
+        if not self._holder:
+            if self.dead:
+                raise RuntimeError("this DataLoader's workers were shut down")
+            if self.worker_type == "thread":
+                ex: Any = ThreadExecutor(self.spec, self.num_workers)
+            else:
+                ex = ProcessExecutor(self.spec, self.num_workers, self.context)
+            self._holder.append(ex)
+        return self._holder[0]
+
+    def fetch_here(self, task: Task) -> Result:
+        """Run ``task`` in the main process, timing it for the workers-or-not decision."""
+        if self.local is None:
+            self.local = Fetcher(self.spec, None)
+        restore = rng.RngState() if self.spec.seed is not None else None
+        t0 = time.perf_counter()
+        try:
+            result = self.local.run(task)
+        finally:
+            if restore is not None:
+                restore.restore()
+        cost = time.perf_counter() - t0
+        self.inline_batches += 1
+        costs = self.inline_costs
+        costs.append(cost)
+        if len(costs) > 16:
+            del costs[0]
+        if len(costs) >= 4:
+            typical = sorted(costs)[len(costs) // 2]
+            if typical > INLINE_MAX_S:
+                self.mode = "workers"
+            else:
+                self.mode = "inline"
+        return result
 
     def close(self) -> None:
         self.dead = True
         self._finalizer()
+
+
+def _close_all(holder: list[Any]) -> None:
+    for ex in holder:
+        ex.close()
+    holder.clear()
 
 
 class _Run(Generic[T]):
@@ -523,7 +590,6 @@ class _Run(Generic[T]):
     def __init__(self, loader: DataLoader[T], pool: _Pool, epoch: int, skip: int, *, owns_pool: bool) -> None:
         self.loader = loader
         self.pool = pool
-        self.ex = pool.executor
         self.epoch = epoch
         self.owns_pool = owns_pool
         self.finished = False
@@ -538,9 +604,9 @@ class _Run(Generic[T]):
         self.first_seq = pool.seq
         self.reorder = Reorder(pool.seq, loader.in_order)
         self.inflight: dict[int, tuple[int, Task]] = {}
-        self.active = [True] * self.ex.num_workers  # iterable datasets: replicas not yet exhausted
+        self.active = [True] * max(1, loader.num_workers)  # iterable datasets: replicas not yet exhausted
         self.rr = 0
-        inline = self.ex.kind == "inline"
+        inline = loader.num_workers == 0
         self.per_worker = 1 if inline else max(1, loader.prefetch_factor or 2)
         if loader.prefetch_factor == 0 and not inline:
             self.per_worker = 1
@@ -570,7 +636,21 @@ class _Run(Generic[T]):
         self.stats.handed(asked, time.perf_counter(), size, len(self.reorder))
         return batch
 
+    @property
+    def ex(self) -> Any:
+        return self.pool.executor
+
     def _next(self) -> tuple[Any, int]:
+        pool = self.pool
+        if pool.mode != "workers" and not self.inflight and not len(self.reorder):
+            while pool.mode != "workers":
+                indices = next(self.batches)  # StopIteration ends the epoch
+                task = Task(pool.seq, self.epoch, list(indices) if self.loader._auto_collation else [indices])
+                pool.seq += 1
+                self.reorder.next = pool.seq
+                out = self._take(pool.fetch_here(task))
+                if out is not None:
+                    return out
         waited_since = time.monotonic()
         while True:
             r = self.reorder.pop()
@@ -620,7 +700,7 @@ class _Run(Generic[T]):
             return None
         n = _batch_size(self.loader, r)
         self.samples_seen += n + len(r.skipped)
-        batch = self.ex.decode(r)
+        batch = r.batch if r.worker < 0 else self.ex.decode(r)
         if self.to_numpy:
             batch = to_numpy(batch)
         if self.pin is not None:
@@ -752,7 +832,8 @@ class _Run(Generic[T]):
             return
         self.finished = True
         for r in list(self.reorder.buffer.values()):
-            self.ex.release(r)
+            if r.worker >= 0:
+                self.ex.release(r)
         self.reorder.buffer.clear()
         self.inflight.clear()
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any
+from typing import Any
 
 from ..errors import Failure
 
@@ -23,6 +24,9 @@ class Task:
     seq: int
     epoch: int
     indices: list[int] | None
+
+    def __reduce__(self) -> tuple[Any, ...]:  # positional: far cheaper than dataclass state
+        return Task, (self.seq, self.epoch, self.indices)
 
 
 @dataclass(slots=True)
@@ -42,6 +46,10 @@ class Result:
     retired: tuple[int, ...] = ()  # slots the worker dropped from its pool
     warning: str | None = None
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        return Result, (self.seq, self.worker, self.batch, self.failure, self.exhausted, self.empty,
+                        self.skipped, self.start, self.fetched, self.end, self.retired, self.warning)
+
 
 @dataclass(frozen=True, slots=True)
 class Order:
@@ -50,6 +58,9 @@ class Order:
     tasks: tuple[Task, ...] = ()
     freed: tuple[int, ...] = ()
     stop: bool = False
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return Order, (self.tasks, self.freed, self.stop)
 
 
 @dataclass(frozen=True, slots=True)

@@ -319,14 +319,15 @@ def serve(spec: WorkerSpec, worker_id: int, gen: int, tasks: Any, results: Any,
             result = fetcher.run(task, collate_into(writer) if writer is not None else None)
             if result.batch is not None:
                 try:
-                    tree = encode(result.batch, writer)
+                    tree, blob = encode(result.batch, writer)
                 except Exception as exc:
+                    if writer is not None:
+                        writer.abandon()
                     result = Result(task.seq, worker_id, failure=capture(exc, worker_id, task.indices, "sending"))
-                    tree = None
-                if tree is not None:
+                else:
                     used = writer.finish() if writer is not None else []
                     names = tuple((i, pool.slots[i].name) for i in used) if pool is not None else ()
-                    result.batch = Packed(tree, names, gen, worker_id)
+                    result.batch = Packed(tree, names, gen, worker_id, blob)
             elif writer is not None:
                 writer.abandon()
             if pool is not None:

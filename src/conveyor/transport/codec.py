@@ -25,14 +25,16 @@ INLINE_BYTES = 1 << 15  # leaves smaller than this travel inline in the message
 
 @dataclass(frozen=True, slots=True)
 class Leaf:
-    """One array leaf: in slot ``slot`` at ``offset``, or ``inline``."""
+    """One array leaf: at ``offset`` in slot ``slot``, or in the message's blob (``slot == -1``)."""
 
     tensor: bool
     dtype: str
     shape: tuple[int, ...]
     slot: int = -1
     offset: int = 0
-    inline: np.ndarray | None = None
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return Leaf, (self.tensor, self.dtype, self.shape, self.slot, self.offset)
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +45,10 @@ class Packed:
     slots: tuple[tuple[int, str], ...]  # (slot id, segment name) the leaves use
     gen: int
     worker: int
+    blob: bytearray | None = None  # the small leaves, back to back
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return Packed, (self.tree, self.slots, self.gen, self.worker, self.blob)
 
 
 def _as_numpy(obj: Any) -> tuple[np.ndarray, bool] | None:
@@ -63,30 +69,49 @@ def _as_numpy(obj: Any) -> tuple[np.ndarray, bool] | None:
     return None
 
 
-def encode(batch: Any, writer: Writer | None) -> Any:
-    """Replace array leaves of ``batch`` with :class:`Leaf` records."""
+def encode(batch: Any, writer: Writer | None) -> tuple[Any, bytearray | None]:
+    """Replace array leaves of ``batch`` with :class:`Leaf` records; small leaves go to a blob."""
+    small: list[np.ndarray] = []
+    size = 0
 
     def leaf(obj: Any) -> Any:
+        nonlocal size
         got = _as_numpy(obj)
         if got is None:
             return obj
         arr, is_tensor = got
         nbytes = arr.nbytes
         if writer is None or nbytes < INLINE_BYTES:
-            return Leaf(is_tensor, arr.dtype.str, arr.shape, inline=arr)
+            small.append(arr)
+            offset = size
+            size = (size + nbytes + 15) & ~15
+            return Leaf(is_tensor, arr.dtype.str, arr.shape, -1, offset)
         if arr.flags.c_contiguous:
             where = writer.locate(arr.__array_interface__["data"][0], nbytes)
             if where is not None:
                 return Leaf(is_tensor, arr.dtype.str, arr.shape, slot=where[0], offset=where[1])
         out = writer.alloc(arr.shape, arr.dtype)  # large enough: never refused for size
-        if out is None:
-            return Leaf(is_tensor, arr.dtype.str, arr.shape, inline=np.ascontiguousarray(arr))
+        if out is None:  # no shared memory to be had: the blob carries it
+            small.append(arr)
+            offset = size
+            size = (size + nbytes + 15) & ~15
+            return Leaf(is_tensor, arr.dtype.str, arr.shape, -1, offset)
         np.copyto(out, arr, casting="no")
         where = writer.locate(out.__array_interface__["data"][0], nbytes)
         assert where is not None
         return Leaf(is_tensor, arr.dtype.str, arr.shape, slot=where[0], offset=where[1])
 
-    return tree_map(leaf, batch)
+    tree = tree_map(leaf, batch)
+    if not small:
+        return tree, None
+    blob = bytearray(size)
+    view = np.frombuffer(blob, dtype=np.uint8)
+    offset = 0
+    for arr in small:
+        n = arr.nbytes
+        view[offset: offset + n] = np.ascontiguousarray(arr).reshape(-1).view(np.uint8)
+        offset = (offset + n + 15) & ~15
+    return tree, blob
 
 
 def decode(packed: Packed, views: Views, *, output: str) -> Any:
@@ -94,18 +119,18 @@ def decode(packed: Packed, views: Views, *, output: str) -> Any:
     roots: dict[int, np.ndarray] = {}
     for slot_id, name in packed.slots:
         roots[slot_id] = views.root((packed.worker, packed.gen, slot_id), name)
+    if packed.blob is not None:
+        roots[-1] = np.frombuffer(packed.blob, dtype=np.uint8)
     torch = sys.modules.get("torch") if output == "torch" else None
 
     def leaf(obj: Any) -> Any:
         if type(obj) is not Leaf:
             return obj
-        if obj.inline is not None:
-            arr = obj.inline
-        else:
-            dtype = np.dtype(obj.dtype)
-            n = int(np.prod(obj.shape, dtype=np.int64)) * dtype.itemsize
-            root = roots[obj.slot]
-            arr = root[obj.offset: obj.offset + n].view(dtype).reshape(obj.shape)
+        dtype = np.dtype(obj.dtype)
+        n = dtype.itemsize
+        for d in obj.shape:
+            n *= d
+        arr = roots[obj.slot][obj.offset: obj.offset + n].view(dtype).reshape(obj.shape)
         if torch is not None and obj.tensor:
             return torch.from_numpy(arr)
         return arr
