@@ -517,9 +517,9 @@ class _Pool:
         self.context = loader.multiprocessing_context
         self.dead = False
         self.seq = 0  # next task number; grows across epochs
-        self._holder: list[Any] = []
-        self._finalizer = weakref.finalize(self, _close_all, self._holder)
-        self.local: Fetcher | None = None
+        self._holder: list[Any] = []  # the executor, once started
+        self._locals: list[Fetcher] = []  # the main process's fetcher, once used
+        self._finalizer = weakref.finalize(self, _close_all, self._holder, self._locals)
         self.adaptive = (loader.adaptive and self.num_workers > 0 and not loader._iterable
                          and loader.worker_init_fn is None)
         self.mode = "probe" if self.adaptive else "workers"
@@ -548,14 +548,34 @@ class _Pool:
             self._holder.append(ex)
         return self._holder[0]
 
+    def serve_here(self) -> bool:
+        """Should the main process make the next batch itself?
+
+        Yes while probing, when batches are cheap, and while the workers are still
+        starting (so their start-up overlaps useful work instead of stalling it).
+        """
+        if self.mode != "workers":
+            return True
+        if not self.adaptive:
+            return False
+        ex = self.executor
+        if getattr(ex, "ready", 1):
+            return False
+        for ev in ex.poll(0):  # picks up start-up messages; nothing of ours is in flight
+            if isinstance(ev, Result):
+                ex.release(ev)
+        return not ex.ready
+
     def fetch_here(self, task: Task) -> Result:
         """Run ``task`` in the main process, timing it for the workers-or-not decision."""
-        if self.local is None:
-            self.local = Fetcher(self.spec, None)
+        if not self._locals:
+            self._locals.append(Fetcher(self.spec, None))
+        local = self._locals[0]
         restore = rng.RngState() if self.spec.seed is not None else None
         t0 = time.perf_counter()
         try:
-            result = self.local.run(task)
+            local.schedule(task)
+            result = local.run(task)
         finally:
             if restore is not None:
                 restore.restore()
@@ -565,12 +585,11 @@ class _Pool:
         costs.append(cost)
         if len(costs) > 16:
             del costs[0]
-        if len(costs) >= 4:
+        if cost > 10 * INLINE_MAX_S:
+            self.mode = "workers"  # clearly worth a worker: do not probe further
+        elif len(costs) >= 4:
             typical = sorted(costs)[len(costs) // 2]
-            if typical > INLINE_MAX_S:
-                self.mode = "workers"
-            else:
-                self.mode = "inline"
+            self.mode = "workers" if typical > INLINE_MAX_S else "inline"
         return result
 
     def close(self) -> None:
@@ -578,10 +597,13 @@ class _Pool:
         self._finalizer()
 
 
-def _close_all(holder: list[Any]) -> None:
+def _close_all(holder: list[Any], fetchers: list[Fetcher]) -> None:
     for ex in holder:
         ex.close()
     holder.clear()
+    for f in fetchers:
+        f.close()
+    fetchers.clear()
 
 
 class _Run(Generic[T]):
@@ -642,8 +664,8 @@ class _Run(Generic[T]):
 
     def _next(self) -> tuple[Any, int]:
         pool = self.pool
-        if pool.mode != "workers" and not self.inflight and not len(self.reorder):
-            while pool.mode != "workers":
+        if not self.inflight and not len(self.reorder):
+            while pool.serve_here():
                 indices = next(self.batches)  # StopIteration ends the epoch
                 task = Task(pool.seq, self.epoch, list(indices) if self.loader._auto_collation else [indices])
                 pool.seq += 1

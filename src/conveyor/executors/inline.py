@@ -33,6 +33,7 @@ class InlineExecutor:
         if not self.queue:
             return []
         task = self.queue.popleft()
+        self.fetcher.schedule(task)
         if self.restore_rng:
             saved = rng.RngState()
             try:

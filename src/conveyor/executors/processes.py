@@ -54,7 +54,7 @@ class ProcessExecutor:
     kind = "process"
 
     def __init__(self, spec: WorkerSpec, num_workers: int, context: Any = None,
-                 *, start_timeout: float = 120.0) -> None:
+                 *, start_timeout: float = 120.0, wait_ready: bool = False) -> None:
         if context is None:
             context = mp.get_context()
         elif isinstance(context, str):
@@ -75,7 +75,8 @@ class ProcessExecutor:
         try:
             for w in range(num_workers):
                 self.workers[w] = self._spawn(w)
-            self._await_ready(start_timeout)
+            if wait_ready:
+                self._await_ready(start_timeout)
         except BaseException:
             self.close()
             raise
@@ -129,17 +130,11 @@ class ProcessExecutor:
                     except (EOFError, OSError):
                         msg = None
                     if isinstance(msg, Hello):
-                        if msg.failure is not None:
-                            raise rebuild(msg.failure)
-                        wk.ready = True
-                        wk.pid = msg.pid
+                        self._hello(wk, msg)
                         pending.discard(w)
                         continue
                 wk.proc.join(1.0)
-                code = wk.proc.exitcode
-                hint = "" if self.method == "fork" else " " + _GUARD_HINT.format(method=self.method)
-                raise StartupError(
-                    f"worker {w} (pid {wk.proc.pid}) exited during start-up with exit code {code}.{hint}")
+                raise self._startup_error(w, wk)
 
     # -- running ----------------------------------------------------------
     def submit(self, worker: int, tasks: list[Task]) -> None:
@@ -203,6 +198,8 @@ class ProcessExecutor:
                     if isinstance(msg, Result):
                         self._note(w, wk, msg)
                         events.append(msg)
+                    elif isinstance(msg, Hello):
+                        self._hello(wk, msg)
             else:
                 dead.add(w)
         for w in sorted(dead):
@@ -220,8 +217,26 @@ class ProcessExecutor:
             wk.proc.join(0.5)
             if wk.proc.exitcode is None and wk.proc.is_alive():
                 continue  # pipe closed but still running: wait for the sentinel
+            if not wk.ready:
+                raise self._startup_error(w, wk)
             events.append(Death(w, wk.pid, wk.proc.exitcode, tuple(self.ledger.held[w].values())))
         return events
+
+    def _hello(self, wk: _Worker, msg: Hello) -> None:
+        if msg.failure is not None:
+            raise rebuild(msg.failure)
+        wk.ready = True
+        wk.pid = msg.pid
+
+    @property
+    def ready(self) -> int:
+        """How many workers have finished starting."""
+        return sum(1 for wk in self.workers if wk is not None and wk.ready)
+
+    def _startup_error(self, w: int, wk: _Worker) -> StartupError:
+        code = wk.proc.exitcode
+        hint = "" if self.method == "fork" else " " + _GUARD_HINT.format(method=self.method)
+        return StartupError(f"worker {w} (pid {wk.proc.pid}) exited during start-up with exit code {code}.{hint}")
 
     def _note(self, w: int, wk: _Worker, msg: Result) -> None:
         self.ledger.done(w, msg.seq)
@@ -266,10 +281,7 @@ class ProcessExecutor:
             except (EOFError, OSError):
                 raise StartupError(f"replacement for worker {worker} died during start-up") from None
             if isinstance(msg, Hello):
-                if msg.failure is not None:
-                    raise rebuild(msg.failure)
-                wk.ready = True
-                wk.pid = msg.pid
+                self._hello(wk, msg)
         return tasks
 
     def stack(self, worker: int) -> str | None:
