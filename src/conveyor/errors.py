@@ -106,8 +106,11 @@ def capture(exc: BaseException, worker_id: int | None, indices: Any, where: str 
 
 def rebuild(failure: Failure) -> BaseException:
     """The exception to raise in the main process for ``failure``."""
-    note = (f"This exception was raised in {_worker_name(failure.worker_id)} while "
-            f"{failure.where} {_describe_indices(failure.indices)}.")
+    if failure.indices is None and failure.where.startswith("running"):
+        note = f"This exception was raised in {_worker_name(failure.worker_id)} while {failure.where}."
+    else:
+        note = (f"This exception was raised in {_worker_name(failure.worker_id)} while "
+                f"{failure.where} {_describe_indices(failure.indices)}.")
     exc: BaseException | None = None
     if failure.payload is not None:
         try:

@@ -356,8 +356,8 @@ class ProcessExecutor:
             pass
 
     def close(self) -> None:
-        if self.closed:
-            return
+        if self.closed or os.getpid() != self.parent_pid:
+            return  # a forked child inherits this object: only its creator may close it
         self.closed = True
         workers = [wk for wk in self.workers if wk is not None]
         for wk in workers:

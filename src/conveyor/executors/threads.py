@@ -6,6 +6,7 @@ datasets and for code that releases the GIL (decoders, numpy, torch ops).
 
 from __future__ import annotations
 
+import os
 import queue
 import threading
 from typing import Any
@@ -31,6 +32,7 @@ class ThreadExecutor:
         self.queues: list[queue.SimpleQueue[Task | None]] = []
         self.threads: list[threading.Thread] = []
         self.closed = False
+        self.pid = os.getpid()
         for w in range(num_workers):
             q: queue.SimpleQueue[Task | None] = queue.SimpleQueue()
             t = threading.Thread(target=self._loop, args=(w, q), name=f"conveyor-worker-{w}", daemon=True)
@@ -42,7 +44,7 @@ class ThreadExecutor:
         try:
             fetcher = start_worker(self.spec, worker, kind="thread")
         except Exception as exc:
-            failure = capture(exc, worker, None, "running worker_init_fn for")
+            failure = capture(exc, worker, None, "running worker_init_fn")
             while (task := q.get()) is not _STOP:
                 self.results.put(Result(task.seq, worker, failure=failure))
             return
@@ -95,7 +97,7 @@ class ThreadExecutor:
         return result.batch
 
     def close(self, timeout: float = 5.0) -> None:
-        if self.closed:
+        if self.closed or os.getpid() != self.pid:
             return
         self.closed = True
         for q in self.queues:

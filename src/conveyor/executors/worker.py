@@ -291,7 +291,7 @@ def serve(spec: WorkerSpec, worker_id: int, gen: int, tasks: Any, results: Any,
         try:
             fetcher = start_worker(spec, worker_id, kind="process")
         except Exception as exc:
-            results.send(Hello(worker_id, os.getpid(), capture(exc, worker_id, None, "running worker_init_fn for")))
+            results.send(Hello(worker_id, os.getpid(), capture(exc, worker_id, None, "running worker_init_fn")))
             return
         results.send(Hello(worker_id, os.getpid()))
         queue: list[Task] = []
