@@ -1,39 +1,69 @@
-"""Stage timings, gathered through hooks the loader calls.
+"""Stage timings, gathered through hooks the loader calls, and their Chrome trace.
+
+::
+
+    worker: Result(start, fetched, end, cpu) --> Stats.result()   (per-worker fetch/collate/busy)
+    user:   __next__ asked .. got            --> Stats.handed()   (wait, step, queue depth)
+    Stats.snapshot() --> report() (a sentence), Tuner.observe() (a decision), write_trace() (Perfetto)
 
 The loader calls :meth:`Stats.result` for every batch a worker finishes and
 :meth:`Stats.handed` each time it hands a batch to the user; from these come
 the wait ratio (how much of each training step the consumer spent waiting
-for data), per-worker fetch times, throughput, and a Chrome trace. The tuner
-reads these numbers and nothing else.
+for data), per-worker fetch times, throughput, and a Chrome trace. Every
+timestamp is ``time.perf_counter()``, which on Linux is CLOCK_MONOTONIC and
+so shared by the main process and its workers. The tuner reads these numbers
+and nothing else.
 """
 
 from __future__ import annotations
 
 import collections
+import json
+import math
+import os
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from .errors import Failure
 
-__all__ = ["Stats", "WorkerTimes"]
+__all__ = ["Stats", "WorkerTimes", "trace_events", "write_trace"]
+
+LOOP = -2  # the "worker" id of the training loop's events
+INLINE = -1  # the worker id of batches fetched in the main process (num_workers=0)
 
 
 @dataclass
 class WorkerTimes:
+    """Running totals of one worker (``-1``: the main process with ``num_workers=0``)."""
+
     batches: int = 0
     fetch_s: float = 0.0
     collate_s: float = 0.0
     busy_s: float = 0.0
+    busy_sq: float = 0.0  # sum of squared busy times: the spread of batch cost
+    cpu_s: float = 0.0  # CPU seconds the worker reported (0 when it does not)
+    cpu_batches: int = 0  # batches that came with a CPU time
+    rss: int = 0  # the worker's last reported resident set size, bytes (0: unknown)
 
 
 @dataclass
 class Stats:
-    """Running totals for one loader (all its epochs)."""
+    """Running totals for one loader (all its epochs).
+
+    >>> s = Stats()
+    >>> s.result(0, 1.0, 1.2, 1.3)
+    >>> s.handed(1.0, 1.3, 32, 0)
+    >>> round(s.snapshot()["workers"][0]["mean_batch_s"], 3)
+    0.3
+    """
 
     trace_limit: int = 100_000
     batches: int = 0
     samples: int = 0
+    steps: int = 0  # intervals between two handed batches of one epoch
+    epochs: int = 0
     wait_s: float = 0.0  # consumer time spent inside __next__
     step_s: float = 0.0  # consumer time between batches (training)
     first_batch_s: float | None = None
@@ -45,8 +75,17 @@ class Stats:
     last_handed: float | None = None
     trace: collections.deque[tuple[str, int, float, float]] = field(default_factory=collections.deque)
     queue_depth_sum: int = 0
+    batch_bytes: int = 0  # sum of reported batch sizes in bytes
+    sized_batches: int = 0  # batches that came with a byte size
 
-    def result(self, worker: int, start: float, fetched: float, end: float) -> None:
+    def result(self, worker: int, start: float, fetched: float, end: float, *,
+               cpu: float | None = None, nbytes: int | None = None, rss: int | None = None) -> None:
+        """A worker finished a batch: fetched in ``start..fetched``, collated until ``end``.
+
+        ``cpu`` is the CPU time the worker spent on it (``time.process_time()``
+        delta in a process, ``time.thread_time()`` in a thread), ``nbytes`` the
+        batch's size and ``rss`` the worker's resident memory, each when known.
+        """
         wt = self.workers.get(worker)
         if wt is None:
             wt = self.workers[worker] = WorkerTimes()
@@ -54,7 +93,17 @@ class Stats:
         if fetched:
             wt.fetch_s += fetched - start
             wt.collate_s += end - fetched
-        wt.busy_s += end - start
+        busy = end - start
+        wt.busy_s += busy
+        wt.busy_sq += busy * busy
+        if cpu is not None:
+            wt.cpu_s += cpu
+            wt.cpu_batches += 1
+        if rss:
+            wt.rss = rss
+        if nbytes:
+            self.batch_bytes += nbytes
+            self.sized_batches += 1
         if len(self.trace) < self.trace_limit:
             self.trace.append(("fetch", worker, start, end))
 
@@ -67,37 +116,54 @@ class Stats:
         if self.first_batch_s is None:
             self.first_batch_s = got - self.started
         if self.last_handed is not None:
+            self.steps += 1
             self.step_s += max(0.0, asked - self.last_handed)
             if len(self.trace) < self.trace_limit:
-                self.trace.append(("step", -2, self.last_handed, asked))
+                self.trace.append(("step", LOOP, self.last_handed, asked))
         if len(self.trace) < self.trace_limit and got - asked > 1e-5:
-            self.trace.append(("wait", -2, asked, got))
+            self.trace.append(("wait", LOOP, asked, got))
         self.last_handed = got
 
     def epoch_end(self) -> None:
         self.last_handed = None
+        self.epochs += 1
 
     def skipped(self, failures: tuple[Failure, ...] | list[Failure]) -> None:
         self.failures.extend(failures)
 
     def snapshot(self) -> dict[str, Any]:
+        """Plain numbers (JSON-able): what ``loader.stats()`` returns, before the loader's settings."""
         elapsed = max(1e-9, time.perf_counter() - self.started)
         total = self.wait_s + self.step_s
+        workers: dict[int, dict[str, Any]] = {}
+        for w, t in sorted(self.workers.items()):
+            mean = t.busy_s / t.batches if t.batches else 0.0
+            var = max(0.0, t.busy_sq / t.batches - mean * mean) if t.batches else 0.0
+            workers[w] = {
+                "batches": t.batches, "fetch_s": t.fetch_s, "collate_s": t.collate_s,
+                "busy_s": t.busy_s, "mean_batch_s": mean, "std_batch_s": math.sqrt(var),
+                "cpu_s": t.cpu_s if t.cpu_batches else None,
+                "cpu_batches": t.cpu_batches,
+                "busy_fraction": min(1.0, t.busy_s / elapsed),
+                "rss": t.rss or None,
+            }
         return {
             "batches": self.batches,
             "samples": self.samples,
+            "steps": self.steps,
+            "epochs": self.epochs,
+            "elapsed_s": elapsed,
             "wait_s": self.wait_s,
             "step_s": self.step_s,
             "wait_fraction": (self.wait_s / total) if total > 0 else 0.0,
+            "wait_per_batch_s": self.wait_s / self.batches if self.batches else 0.0,
+            "step_per_batch_s": self.step_s / self.steps if self.steps else None,
             "first_batch_s": self.first_batch_s,
             "throughput_batches_s": self.batches / elapsed,
             "throughput_samples_s": self.samples / elapsed,
             "mean_ready_batches": self.queue_depth_sum / self.batches if self.batches else 0.0,
-            "workers": {
-                w: {"batches": t.batches, "fetch_s": t.fetch_s, "collate_s": t.collate_s,
-                    "busy_s": t.busy_s, "mean_batch_s": t.busy_s / t.batches if t.batches else 0.0}
-                for w, t in sorted(self.workers.items())
-            },
+            "mean_batch_bytes": self.batch_bytes / self.sized_batches if self.sized_batches else None,
+            "workers": workers,
             "failures": [
                 {"index": (f.indices[0] if isinstance(f.indices, list) and len(f.indices) == 1 else f.indices),
                  "worker": f.worker_id, "error": f.summary()}
@@ -106,3 +172,72 @@ class Stats:
             "deaths": list(self.deaths),
             "restarts": self.restarts,
         }
+
+
+# -- Chrome trace -------------------------------------------------------------
+def _track(worker: int) -> tuple[int, str]:
+    """The trace thread id and name of a worker's track (the loop first, then inline, then workers)."""
+    if worker == LOOP:
+        return 1, "training loop"
+    if worker == INLINE:
+        return 2, "main process (num_workers=0)"
+    return 3 + worker, f"worker {worker}"
+
+
+def _stats_of(source: Any) -> Stats:
+    if isinstance(source, Stats):
+        return source
+    inner = getattr(source, "_stats", None)  # a DataLoader
+    if isinstance(inner, Stats):
+        return inner
+    raise TypeError(f"expected a Stats or a conveyor DataLoader, got {type(source).__name__}")
+
+
+def trace_events(stats: Stats | Any) -> list[dict[str, Any]]:
+    """Chrome trace events (``ph`` "X" spans in microseconds) of a :class:`Stats` or a loader.
+
+    >>> s = Stats(started=0.0); s.result(0, 0.001, 0.002, 0.003)
+    >>> [e["name"] for e in trace_events(s) if e["ph"] == "X"]
+    ['fetch']
+    """
+    st = _stats_of(stats)
+    pid = os.getpid()
+    t0 = st.started
+    events: list[dict[str, Any]] = [
+        {"name": "process_name", "ph": "M", "pid": pid, "tid": 0, "args": {"name": "conveyor DataLoader"}},
+    ]
+    seen: set[int] = set()
+    counts: dict[int, int] = {}
+    for kind, worker, start, end in list(st.trace):
+        tid, name = _track(worker)
+        if tid not in seen:
+            seen.add(tid)
+            events.append({"name": "thread_name", "ph": "M", "pid": pid, "tid": tid, "args": {"name": name}})
+            events.append({"name": "thread_sort_index", "ph": "M", "pid": pid, "tid": tid,
+                           "args": {"sort_index": tid}})
+        args: dict[str, Any] = {}
+        if kind == "fetch":
+            counts[worker] = counts.get(worker, 0) + 1
+            args["batch"] = counts[worker]
+        events.append({
+            "name": kind, "cat": "loop" if worker == LOOP else "worker", "ph": "X", "pid": pid, "tid": tid,
+            "ts": round((start - t0) * 1e6, 3), "dur": round(max(0.0, end - start) * 1e6, 3), "args": args,
+        })
+    return events
+
+
+def write_trace(stats: Stats | Any, path: str | os.PathLike[str]) -> Path:
+    """Write a Chrome trace (open it in https://ui.perfetto.dev or chrome://tracing).
+
+    One track per worker with its fetches, one for the training loop with its
+    steps and waits. ``stats`` is a :class:`Stats` or a conveyor DataLoader.
+
+    >>> write_trace(Stats(), "/tmp/conveyor-trace.json").name
+    'conveyor-trace.json'
+    """
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    doc = {"traceEvents": trace_events(stats), "displayTimeUnit": "ms",
+           "otherData": {"clock": "time.perf_counter (CLOCK_MONOTONIC)", "generator": "conveyor"}}
+    out.write_text(json.dumps(doc))
+    return out

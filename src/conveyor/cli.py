@@ -1,0 +1,426 @@
+"""The ``conveyor`` command: ``demo`` (no data needed) and ``tune`` (your dataset).
+
+::
+
+    conveyor demo [--workers 0,1,2,4] [--epochs N] [--out DIR] [--quick]
+        built-in diabetes-shaped data --> torch DataLoader and conveyor at each worker count
+        --> table, auto choice, report(), DIR/trace.json (+ timeline.png, sweep.png with matplotlib)
+    conveyor tune MODULE:FACTORY --batch-size N [--workers ...] [--fetch-threads ...] [--batches N]
+        FACTORY() --> dataset --> every (workers, fetch_threads) --> table + the settings to use
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import math
+import os
+import sys
+import time
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from . import _torch
+from .report import plot_sweep, plot_timeline, report
+from .stats import write_trace
+
+__all__ = ["Diabetes", "main", "make_diabetes"]
+
+ROWS, FEATURES, BATCH, LR = 759, 8, 32, 0.01
+
+
+# -- the built-in data set ----------------------------------------------------
+def make_diabetes(rows: int = ROWS, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Deterministic stand-in for the seed's diabetes.csv: ``rows`` x 8 float32 features in [-1, 1], 0/1 labels.
+
+    >>> x, y = make_diabetes(); x.shape, y.shape, x.dtype.name
+    ((759, 8), (759, 1), 'float32')
+    """
+    rng = np.random.default_rng(seed)
+    x = rng.uniform(-1.0, 1.0, size=(rows, FEATURES)).astype(np.float32)
+    w = rng.normal(0.0, 1.5, size=FEATURES)
+    logits = x.astype(np.float64) @ w + 0.6 + rng.normal(0.0, 0.5, size=rows)
+    y = (logits > 0).astype(np.float32)[:, None]
+    return x, y
+
+
+class Diabetes:
+    """The demo's map-style data set: ``(features, label)`` pairs, torch tensors when torch is installed.
+
+    Like the seed's ``DiabetesDataset`` (a ``torch.utils.data.Dataset``): ``__getitem__`` and ``__len__``.
+
+    >>> ds = Diabetes(tensors=False); len(ds), ds[0][0].shape
+    (759, (8,))
+    """
+
+    def __init__(self, tensors: bool | None = None) -> None:
+        x, y = make_diabetes()
+        self.len = x.shape[0]
+        if tensors is None:
+            tensors = _torch.available()
+        if tensors:
+            torch = _torch.get()
+            assert torch is not None
+            self.x_data: Any = torch.from_numpy(x)
+            self.y_data: Any = torch.from_numpy(y)
+        else:
+            self.x_data, self.y_data = x, y
+
+    def __getitem__(self, index: int) -> tuple[Any, Any]:
+        return self.x_data[index], self.y_data[index]
+
+    def __len__(self) -> int:
+        return self.len
+
+
+# -- the seed's model -----------------------------------------------------------
+def _torch_step() -> Callable[[Any, Any], float]:
+    """The seed's 8-6-4-1 sigmoid MLP, BCELoss, SGD(lr=0.01): returns ``step(x, y) -> loss``."""
+    torch = _torch.get()
+    assert torch is not None
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(8, 6), torch.nn.Sigmoid(),
+        torch.nn.Linear(6, 4), torch.nn.Sigmoid(),
+        torch.nn.Linear(4, 1), torch.nn.Sigmoid(),
+    )
+    criterion = torch.nn.BCELoss(reduction="mean")
+    optimizer = torch.optim.SGD(model.parameters(), lr=LR)
+
+    def step(x: Any, y: Any) -> float:
+        loss = criterion(model(x), y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        return float(loss.item())
+
+    return step
+
+
+def _numpy_step() -> Callable[[Any, Any], float]:
+    """The same MLP written in numpy, for machines without torch."""
+    rng = np.random.default_rng(0)
+    sizes = [8, 6, 4, 1]
+    ws = [rng.uniform(-1 / math.sqrt(a), 1 / math.sqrt(a), size=(a, b)) for a, b in zip(sizes, sizes[1:])]
+    bs = [rng.uniform(-1 / math.sqrt(a), 1 / math.sqrt(a), size=b) for a, b in zip(sizes, sizes[1:])]
+
+    def step(x: Any, y: Any) -> float:
+        x = np.asarray(x, dtype=np.float64)
+        y = np.asarray(y, dtype=np.float64).reshape(-1, 1)
+        acts = [x]
+        for w, b in zip(ws, bs):
+            acts.append(1.0 / (1.0 + np.exp(-(acts[-1] @ w + b))))
+        p = np.clip(acts[-1], 1e-7, 1 - 1e-7)
+        loss = float(-np.mean(y * np.log(p) + (1 - y) * np.log(1 - p)))
+        grad = (p - y) / len(x)  # d loss / d logit of a sigmoid + BCE
+        for i in reversed(range(len(ws))):
+            gw, gb = acts[i].T @ grad, grad.sum(axis=0)
+            if i:
+                grad = (grad @ ws[i].T) * acts[i] * (1 - acts[i])
+            ws[i] -= LR * gw
+            bs[i] -= LR * gb
+        return loss
+
+    return step
+
+
+def _train(loader: Iterable[Any], epochs: int, step: Callable[[Any, Any], float]) -> dict[str, float]:
+    """Train for ``epochs``; wall time, samples, and the time spent waiting inside ``next()``."""
+    samples = 0
+    wait = 0.0
+    loss = float("nan")
+    t0 = time.perf_counter()
+    for _ in range(epochs):
+        it = iter(loader)
+        while True:
+            asked = time.perf_counter()
+            try:
+                x, y = next(it)
+            except StopIteration:
+                break
+            wait += time.perf_counter() - asked
+            loss = step(x, y)
+            samples += len(x)
+    seconds = time.perf_counter() - t0
+    return {"seconds": seconds, "samples": samples, "wait": wait, "loss": loss}
+
+
+def _row(name: str, workers: int | str, out: dict[str, float]) -> dict[str, Any]:
+    return {"loader": name, "workers": workers, "seconds": out["seconds"],
+            "samples_s": out["samples"] / max(1e-9, out["seconds"]),
+            "wait": out["wait"] / max(1e-9, out["seconds"]), "loss": out["loss"]}
+
+
+def _table(rows: Sequence[dict[str, Any]], columns: Sequence[tuple[str, str, str]]) -> str:
+    """Rows as a fixed-width table; ``columns`` are (key, header, format)."""
+    cells = [[h for _, h, _ in columns]]
+    for r in rows:
+        cells.append([format(r[k], f) if not isinstance(r[k], str) else r[k] for k, _, f in columns])
+    widths = [max(len(c[i]) for c in cells) for i in range(len(columns))]
+    lines = ["  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(row, widths)))
+             for row in cells]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def _ints(text: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if not values or any(v < 0 for v in values):
+        raise argparse.ArgumentTypeError(f"expected non-negative integers, got {text!r}")
+    return values
+
+
+# -- conveyor demo ----------------------------------------------------------------
+def demo(args: argparse.Namespace) -> int:
+    from .loader import DataLoader
+
+    has_torch = _torch.available()
+    epochs = args.epochs if args.epochs is not None else (1 if args.quick else 10)
+    workers = args.workers if args.workers is not None else ([0, 1] if args.quick else [0, 1, 2, 4])
+    out_dir = Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    ds = Diabetes(tensors=has_torch)
+    output = "torch" if has_torch else "numpy"
+    make_step = _torch_step if has_torch else _numpy_step
+    print(f"conveyor demo: the seed's diabetes experiment on built-in data ({len(ds)} x {FEATURES} float32 + label), "
+          f"batch {BATCH}, shuffle, 8-6-4-1 sigmoid MLP, BCELoss, SGD lr {LR}, {epochs} epoch(s)")
+    if not has_torch:
+        print("note: torch is not installed: conveyor runs with output='numpy' and a numpy MLP; "
+              "the torch DataLoader comparison is skipped (pip install 'conveyor[torch]')")
+    rows: list[dict[str, Any]] = []
+    loaders: dict[int, Any] = {}
+    for n in workers:
+        if has_torch:
+            torch = _torch.get()
+            assert torch is not None
+            tl = torch.utils.data.DataLoader(ds, batch_size=BATCH, shuffle=True, num_workers=n)
+            rows.append(_row("torch", n, _train(tl, epochs, make_step())))
+            print(f"  torch     num_workers={n}: {rows[-1]['seconds']:.2f} s", flush=True)
+        cl = DataLoader(ds, batch_size=BATCH, shuffle=True, num_workers=n, output=output)
+        try:
+            rows.append(_row("conveyor", n, _train(cl, epochs, make_step())))
+        finally:
+            cl.close()
+        loaders[n] = cl
+        print(f"  conveyor  num_workers={n}: {rows[-1]['seconds']:.2f} s", flush=True)
+
+    auto_line = "auto: not available"
+    try:
+        al = DataLoader(ds, batch_size=BATCH, shuffle=True, num_workers="auto", output=output)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        al = None
+    if al is not None:
+        try:
+            rows.append(_row("conveyor", "auto", _train(al, epochs, make_step())))
+        finally:
+            al.close()
+        snap = al.stats()
+        decision = getattr(al, "decision", None)
+        if callable(decision):
+            decision = decision()
+        why = f" ({decision.reason})" if decision is not None and getattr(decision, "reason", "") else ""
+        auto_line = (f"auto: num_workers={snap.get('num_workers')}, fetch_threads={snap.get('fetch_threads')}, "
+                     f"prefetch_factor={snap.get('prefetch_factor')}{why}")
+
+    print()
+    print(_table(rows, [("loader", "loader", ""), ("workers", "workers", ""), ("seconds", "seconds", ".2f"),
+                        ("samples_s", "samples/s", ",.0f"), ("wait", "wait %", ".0%")]))
+    print()
+    print(auto_line)
+    ours = [r for r in rows if r["loader"] == "conveyor" and r["workers"] != "auto"]
+    best = max(ours, key=lambda r: r["samples_s"])
+    torch_rows = [r for r in rows if r["loader"] == "torch"]
+    if torch_rows:
+        tb = max(torch_rows, key=lambda r: r["samples_s"])
+        print(f"best torch: num_workers={tb['workers']} at {tb['samples_s']:,.0f} samples/s; best conveyor: "
+              f"num_workers={best['workers']} at {best['samples_s']:,.0f} samples/s "
+              f"({best['samples_s'] / tb['samples_s']:.1f}x)")
+    bl = loaders[best["workers"]]
+    text = bl.report() if callable(getattr(bl, "report", None)) else report(bl.stats())
+    print(f"where time went (conveyor, num_workers={best['workers']}): {text}")
+
+    trace = write_trace(bl, out_dir / "trace.json")
+    print(f"wrote {trace} (open it in https://ui.perfetto.dev)")
+    try:
+        print(f"wrote {plot_timeline(bl, out_dir / 'timeline.png')}")
+        print(f"wrote {plot_sweep([r for r in rows if r['workers'] != 'auto'], out_dir / 'sweep.png')}")
+    except ImportError as exc:
+        print(f"no plots: {exc}")
+    return 0
+
+
+# -- conveyor tune ----------------------------------------------------------------
+def _load_factory(spec: str) -> Callable[[], Any]:
+    module_name, sep, attr = spec.partition(":")
+    if not sep or not module_name or not attr:
+        raise SystemExit(f"conveyor tune: expected MODULE:FACTORY (e.g. mydata:make_dataset), got {spec!r}")
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        obj: Any = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise SystemExit(f"conveyor tune: cannot import {module_name!r}: {exc}") from exc
+    for part in attr.split("."):
+        try:
+            obj = getattr(obj, part)
+        except AttributeError:
+            raise SystemExit(f"conveyor tune: {module_name!r} has no attribute {attr!r}") from None
+    if not callable(obj):
+        raise SystemExit(f"conveyor tune: {spec} is not callable")
+    return obj
+
+
+def _progress(total: int) -> Any:
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return None
+    return tqdm(total=total, unit="batch", file=sys.stderr, dynamic_ncols=True)
+
+
+def tune(args: argparse.Namespace) -> int:
+    from .loader import DataLoader
+
+    dataset = _load_factory(args.factory)()
+    combos = [(w, t) for w in args.workers for t in args.fetch_threads]
+    bar = _progress(len(combos) * args.batches)
+    rows: list[dict[str, Any]] = []
+    extra: dict[str, Any] = {"shuffle": args.shuffle}
+    if args.worker_type != "process":
+        extra["worker_type"] = args.worker_type
+    if args.output:
+        extra["output"] = args.output
+    try:
+        for w, t in combos:
+            if bar is not None:
+                bar.set_description(f"num_workers={w} fetch_threads={t}")
+            else:
+                print(f"  num_workers={w} fetch_threads={t} ...", file=sys.stderr, flush=True)
+            loader = DataLoader(dataset, batch_size=args.batch_size, num_workers=w, fetch_threads=t, **extra)
+            done = samples = 0
+            first: float | None = None
+            t0 = time.perf_counter()
+            try:
+                while done < args.batches:
+                    progressed = False
+                    for batch in loader:
+                        progressed = True
+                        if first is None:
+                            first = time.perf_counter() - t0
+                        done += 1
+                        samples += _batch_len(batch, args.batch_size)
+                        if bar is not None:
+                            bar.update(1)
+                        if done >= args.batches:
+                            break
+                    if not progressed:
+                        raise SystemExit("conveyor tune: the dataset gave no batches")
+            finally:
+                loader.close()
+            seconds = time.perf_counter() - t0
+            rows.append({"workers": w, "threads": t, "seconds": seconds, "batches_s": done / seconds,
+                         "samples_s": samples / seconds, "first_ms": (first or 0.0) * 1e3})
+    finally:
+        if bar is not None:
+            bar.close()
+    print(_table(rows, [("workers", "num_workers", ""), ("threads", "fetch_threads", ""),
+                        ("seconds", "seconds", ".2f"), ("batches_s", "batches/s", ",.1f"),
+                        ("samples_s", "samples/s", ",.0f"), ("first_ms", "first batch ms", ",.0f")]))
+    top = max(r["samples_s"] for r in rows)
+    # the cheapest setting within 5% of the fastest: fewer processes first, then fewer threads
+    pick = min((r for r in rows if r["samples_s"] >= 0.95 * top), key=lambda r: (r["workers"], r["threads"]))
+    kwargs = [f"batch_size={args.batch_size}", f"num_workers={pick['workers']}"]
+    if pick["threads"] != 1:
+        kwargs.append(f"fetch_threads={pick['threads']}")
+    for k, v in extra.items():
+        if k != "shuffle" or v:
+            kwargs.append(f"{k}={v!r}")
+    print()
+    print(f"use ({pick['samples_s']:,.0f} samples/s, {pick['samples_s'] / top:.0%} of the fastest setting, "
+          "without a training step; re-check with loader.report() while training):")
+    print()
+    print("    from conveyor import DataLoader")
+    print(f"    loader = DataLoader(dataset, {', '.join(kwargs)})")
+    return 0
+
+
+def _batch_len(batch: Any, default: int) -> int:
+    first = batch
+    while isinstance(first, (list, tuple)) and first:
+        first = first[0]
+    if isinstance(first, dict) and first:
+        first = next(iter(first.values()))
+    shape = getattr(first, "shape", None)
+    if shape:
+        return int(shape[0])
+    try:
+        return len(batch)
+    except TypeError:
+        return default
+
+
+# -- entry point ------------------------------------------------------------------
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="conveyor",
+        description="conveyor: a fast, self-tuning drop-in for torch.utils.data.DataLoader.",
+        epilog="commands:\n"
+               "  demo   train the seed's diabetes MLP on built-in data with torch's DataLoader and with\n"
+               "         conveyor at several worker counts; print the table, the auto choice and where the\n"
+               "         time went; write a Perfetto trace and PNG plots. Needs no data.\n"
+               "  tune   sweep num_workers x fetch_threads over YOUR dataset (MODULE:FACTORY returns it)\n"
+               "         and print the DataLoader settings to use.\n\n"
+               "examples:\n"
+               "  conveyor demo --quick\n"
+               "  conveyor tune mydata:make_dataset --batch-size 64 --workers 0,2,4 --fetch-threads 1,8",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sub = p.add_subparsers(dest="command", metavar="{demo,tune}")
+    d = sub.add_parser("demo", help="compare torch's DataLoader and conveyor on the built-in diabetes data",
+                       description="Reproduce the seed's diabetes experiment (759 x 8 float32 + label, batch 32, "
+                                   "shuffle, 8-6-4-1 sigmoid MLP, BCELoss, SGD lr 0.01) on built-in synthetic "
+                                   "data with torch's DataLoader and conveyor at each worker count.")
+    d.add_argument("--workers", type=_ints, default=None, metavar="N,N,...",
+                   help="worker counts to compare (default 0,1,2,4; 0,1 with --quick)")
+    d.add_argument("--epochs", type=int, default=None, help="epochs per run (default 10, 1 with --quick)")
+    d.add_argument("--out", default="conveyor-demo", help="folder for trace.json and the plots (default ./conveyor-demo)")
+    d.add_argument("--quick", action="store_true", help="a fast smoke run")
+    d.set_defaults(run=demo)
+    t = sub.add_parser("tune", help="find the fastest settings for your own dataset",
+                       description="Import MODULE, call FACTORY() for a dataset, and time conveyor's DataLoader "
+                                   "for every num_workers x fetch_threads pair (loading only, no training step).")
+    t.add_argument("factory", metavar="MODULE:FACTORY", help="e.g. mydata:make_dataset (imported from the cwd)")
+    t.add_argument("--batch-size", type=int, required=True)
+    t.add_argument("--workers", type=_ints, default=[0, 1, 2, 4], metavar="N,N,...", help="default 0,1,2,4")
+    t.add_argument("--fetch-threads", type=_ints, default=[1, 8], metavar="N,N,...", help="default 1,8")
+    t.add_argument("--batches", type=int, default=50, help="batches timed per setting (default 50)")
+    t.add_argument("--shuffle", action="store_true", help="shuffle, as training would")
+    t.add_argument("--worker-type", choices=["process", "thread"], default="process")
+    t.add_argument("--output", choices=["torch", "numpy"], default=None)
+    t.set_defaults(run=tune)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the ``conveyor`` command line.
+
+    >>> main(["--help"])  # doctest: +SKIP
+    """
+    p = parser()
+    args = p.parse_args(argv)
+    if getattr(args, "run", None) is None:
+        p.print_help()
+        return 2
+    if getattr(args, "fetch_threads", None) is not None and 0 in args.fetch_threads:
+        p.error("--fetch-threads values must be at least 1")
+    return int(args.run(args))
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

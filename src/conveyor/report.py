@@ -1,0 +1,224 @@
+"""Where the time went, in a sentence a user can act on, and (with the ``plot`` extra) in pictures.
+
+::
+
+    loader.stats() --> report(snapshot) --> "loading is the bottleneck: 63% of each step ..."
+    loader (Stats)  --> plot_timeline(stats, png)    one row per worker, one for the training loop
+    sweep results   --> plot_sweep(results, png)     samples/s against num_workers, a line per loader
+
+The worker estimate: a worker needs ``mean_batch_s`` for a batch and the
+training loop takes ``step_per_batch_s`` to use one, so ``ceil(mean_batch_s /
+step_per_batch_s)`` workers keep up; more than the cores this process may use
+only helps when fetches wait on storage (then ``fetch_threads`` is cheaper).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from .stats import INLINE, LOOP, Stats, _stats_of
+from .tuning import cpu_budget
+
+__all__ = ["plot_sweep", "plot_timeline", "report", "workers_needed"]
+
+HIDDEN = 0.05  # the consumer waiting less than this is "hidden"
+BOTTLENECK = 0.10
+
+
+def _mean_batch(snap: dict[str, Any]) -> tuple[float, float | None]:
+    """Mean wall seconds a worker spends per batch, and the CPU share of it (None: not reported)."""
+    n = busy = cpu = 0.0
+    cpu_n = 0
+    for w in snap.get("workers", {}).values():
+        n += w.get("batches", 0)
+        busy += w.get("busy_s", 0.0)
+        if w.get("cpu_s") is not None:
+            cpu += w["cpu_s"]
+            cpu_n += w.get("cpu_batches", w.get("batches", 0))
+    if not n:
+        return 0.0, None
+    mean = busy / n
+    ratio = (cpu / cpu_n) / mean if cpu_n and mean > 0 else None
+    return mean, ratio
+
+
+def workers_needed(snap: dict[str, Any]) -> int | None:
+    """``ceil(mean_batch_s / step_per_batch_s)``: workers that keep up with the loop (None: unknown).
+
+    >>> workers_needed({"step_per_batch_s": 0.01, "fetch_threads": 1,
+    ...                 "workers": {0: {"batches": 10, "busy_s": 0.35}}})
+    4
+    """
+    mean, _ = _mean_batch(snap)
+    step = snap.get("step_per_batch_s")
+    if not mean:
+        return None
+    threads = max(1, int(snap.get("fetch_threads", 1) or 1))
+    per_lane = mean / threads if threads > 1 else mean  # a worker's fetches overlap with fetch_threads
+    if not step:
+        return None
+    return max(1, math.ceil(per_lane / step - 1e-9))
+
+
+def _n_workers(snap: dict[str, Any]) -> int:
+    if "num_workers" in snap and snap["num_workers"] is not None:
+        return int(snap["num_workers"])
+    return len([w for w in snap.get("workers", {}) if int(w) >= 0])
+
+
+def _pct(x: float) -> str:
+    return f"{round(x * 100)}%"
+
+
+def report(snap: dict[str, Any], cores: int | None = None) -> str:
+    """A sentence (or a few) saying whether loading stalls training, and what to change.
+
+    ``snap`` is ``loader.stats()``; ``cores`` the CPU budget (default: the
+    cores this process may use, less one for the training loop).
+
+    >>> report({"batches": 100, "steps": 99, "wait_fraction": 0.63, "step_per_batch_s": 0.01,
+    ...         "num_workers": 1, "workers": {0: {"batches": 100, "busy_s": 3.5}}}, cores=8)
+    'loading is the bottleneck: 63% of each step is spent waiting; 4 workers would hide it.'
+    """
+    if not snap.get("batches"):
+        return "no batches yet: iterate the loader, then ask again."
+    cores = cores if cores is not None else cpu_budget()
+    wf = float(snap.get("wait_fraction", 0.0))
+    nw = _n_workers(snap)
+    need = workers_needed(snap)
+    mean, ratio = _mean_batch(snap)
+    threads = max(1, int(snap.get("fetch_threads", 1) or 1))
+    io_bound = ratio is not None and ratio < 0.5
+    parts: list[str] = []
+
+    if wf >= BOTTLENECK:
+        head = f"loading is the bottleneck: {_pct(wf)} of each step is spent waiting"
+        if need is None:
+            parts.append(f"{head}; the training loop takes no time between batches, so loading sets the pace")
+        elif io_bound:
+            per = max(1, nw)
+            parts.append(f"{head}; fetches mostly wait on storage (CPU {_pct(ratio or 0)} of their time): "
+                         f"fetch_threads={min(64, math.ceil(need / per))} with num_workers={per} would hide it")
+        elif need > nw:
+            if need <= cores:
+                parts.append(f"{head}; {need} workers would hide it")
+            else:
+                parts.append(f"{head}; {need} workers would hide it, but only {cores} cores are free for "
+                             f"workers: use num_workers={cores}, and fetch_threads if fetches wait on storage, "
+                             "or make each sample cheaper")
+        else:
+            parts.append(f"{head}, though {nw} workers should keep up (each batch takes "
+                         f"{mean * 1e3:.1f} ms, a step {float(snap.get('step_per_batch_s') or 0) * 1e3:.1f} ms): "
+                         "the time goes to handing batches over; raise prefetch_factor or batch_size")
+    elif wf >= HIDDEN:
+        extra = f"; {need} workers would hide the rest" if need is not None and need > nw else ""
+        parts.append(f"loading is mostly hidden: the consumer waited {_pct(wf)} of the time{extra}")
+    else:
+        busy = [w.get("busy_fraction") for k, w in snap.get("workers", {}).items()
+                if int(k) >= 0 and w.get("busy_fraction") is not None]
+        if nw > 1 and need is not None and need < nw:
+            util = f" ({_pct(sum(busy) / len(busy))} busy)" if busy else ""
+            parts.append(f"workers are idle{util}; {need} would do")
+        elif nw == 0:
+            parts.append(f"loading is cheap: the consumer waited {_pct(wf)} of the time; num_workers=0 is fine")
+        else:
+            parts.append(f"loading is hidden: the consumer waited {_pct(wf)} of the time")
+
+    failures = snap.get("failures") or []
+    if failures:
+        first = failures[0]
+        parts.append(f"{len(failures)} sample(s) failed and were skipped (first: index {first.get('index')}, "
+                     f"{first.get('error')})")
+    restarts = int(snap.get("restarts", 0) or 0)
+    deaths = snap.get("deaths") or []
+    if restarts or deaths:
+        how = f"; {deaths[0]}" if deaths else ""
+        parts.append(f"{restarts} worker restart(s){how}")
+    first_s = snap.get("first_batch_s")
+    step = snap.get("step_per_batch_s") or 0.0
+    if first_s is not None and first_s > 1.0 and first_s > 20 * max(step, mean):
+        parts.append(f"the first batch took {first_s:.1f} s (worker start-up); persistent_workers=True pays "
+                     "it once instead of every epoch")
+    return ". ".join(p[0].upper() + p[1:] if i else p for i, p in enumerate(parts)) + "."
+
+
+# -- plots (the ``plot`` extra) ----------------------------------------------
+def _pyplot() -> Any:
+    try:
+        import matplotlib
+    except ImportError as exc:
+        raise ImportError("plots need matplotlib: pip install 'conveyor[plot]'") from exc
+    if "matplotlib.pyplot" not in __import__("sys").modules:
+        matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot_timeline(stats: Stats | Any, path: str | os.PathLike[str]) -> Path:
+    """A PNG of each worker's fetches and the loop's steps and waits on one time axis.
+
+    ``stats`` is a :class:`~conveyor.stats.Stats` or a conveyor DataLoader.
+
+    >>> plot_timeline(loader, "timeline.png")  # doctest: +SKIP
+    """
+    plt = _pyplot()
+    st = _stats_of(stats)
+    t0 = st.started
+    rows: dict[int, dict[str, list[tuple[float, float]]]] = {}
+    for kind, worker, start, end in list(st.trace):
+        rows.setdefault(worker, {}).setdefault(kind, []).append(((start - t0) * 1e3, (end - start) * 1e3))
+    order = sorted(rows, key=lambda w: (w != LOOP, w != INLINE, w))
+    fig, ax = plt.subplots(figsize=(12, 1.0 + 0.5 * max(1, len(order))))
+    colors = {"fetch": "tab:blue", "step": "tab:green", "wait": "tab:red"}
+    for y, worker in enumerate(order):
+        for kind, spans in rows[worker].items():
+            ax.broken_barh(spans, (y - 0.4, 0.8), facecolors=colors.get(kind, "tab:gray"), label=kind)
+    ax.set_yticks(range(len(order)))
+    ax.set_yticklabels(["training loop" if w == LOOP else "main (inline)" if w == INLINE else f"worker {w}"
+                        for w in order])
+    ax.invert_yaxis()
+    ax.set_xlabel("ms since the loader started")
+    handles, labels = ax.get_legend_handles_labels()
+    unique = dict(zip(labels, handles))
+    if unique:
+        ax.legend(unique.values(), unique.keys(), loc="upper right", fontsize="small")
+    ax.set_title("conveyor timeline: fetches (blue), training steps (green), waiting for data (red)")
+    fig.tight_layout()
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+    return out
+
+
+def plot_sweep(results: Iterable[dict[str, Any]], path: str | os.PathLike[str]) -> Path:
+    """A PNG of throughput against worker count, one line per loader.
+
+    ``results``: dicts with ``loader``, ``workers`` and ``samples_s``.
+
+    >>> plot_sweep([{"loader": "conveyor", "workers": 0, "samples_s": 9e3}], "sweep.png")  # doctest: +SKIP
+    """
+    plt = _pyplot()
+    lines: dict[str, list[tuple[int, float]]] = {}
+    for r in results:
+        lines.setdefault(str(r["loader"]), []).append((int(r["workers"]), float(r["samples_s"])))
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for name, pts in sorted(lines.items()):
+        pts.sort()
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=name)
+    ax.set_xlabel("num_workers")
+    ax.set_ylabel("samples / s")
+    ax.set_title("throughput against worker count")
+    ax.grid(True, alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+    return out

@@ -1,0 +1,306 @@
+"""Picks ``num_workers``, ``fetch_threads`` and ``prefetch_factor`` from stats alone.
+
+::
+
+    loader.stats() every N batches --> Tuner.observe(snapshot)
+        window = difference from the previous snapshot (per-batch busy, CPU, step, wait)
+        estimates = running means over windows
+    Tuner.decision() --> Decision(num_workers, fetch_threads, prefetch_factor, reason, settled)
+        the loader applies it at an epoch boundary (or adds workers on the fly)
+
+The model: a batch costs ``busy`` wall seconds in a worker, ``cpu`` of them on
+a core, and the training loop consumes one batch every ``step`` seconds. To
+hide loading, ``busy / step`` fetches must run at once ("lanes"). CPU-bound
+work (cpu/busy >= 0.5) gets one process per lane, never more than the CPU
+budget. I/O-bound work gets just enough processes for its CPU share and
+``fetch_threads`` for the rest: threads wait on storage as well as processes
+do, at a fraction of the memory. Memory caps the worker count: every worker
+costs its resident growth plus ``prefetch_factor`` batches in flight.
+
+When workers do not report CPU time, the tuner assumes CPU-bound work (more
+processes hide latency too), and switches to threads once it has seen that
+running more fetches than there are cores did not slow each fetch down, which
+only happens when fetches wait rather than compute.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import asdict, dataclass, replace
+from typing import Any
+
+__all__ = ["Decision", "Tuner", "cpu_budget", "ram_budget"]
+
+IO_BOUND = 0.5  # cpu/busy below this: the fetch mostly waits
+MAX_THREADS = 64
+
+
+def cpu_budget() -> int:
+    """Cores this process may use, minus one for the training loop where possible (at least 1).
+
+    >>> cpu_budget() >= 1
+    True
+    """
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cores = os.cpu_count() or 1
+    return max(1, cores - 1)
+
+
+def ram_budget(fraction: float = 0.5) -> int | None:
+    """Bytes the loader may add: ``fraction`` of available memory, or None without psutil.
+
+    >>> b = ram_budget(); b is None or b > 0
+    True
+    """
+    try:
+        import psutil
+    except ImportError:
+        return None
+    return int(psutil.virtual_memory().available * fraction)
+
+
+@dataclass(frozen=True)
+class Decision:
+    """The settings the tuner recommends, why, and whether it has stopped changing its mind.
+
+    >>> d = Decision(2, 8, 2, "I/O-bound", True)
+    >>> Decision.from_dict(d.to_dict()) == d
+    True
+    """
+
+    num_workers: int
+    fetch_threads: int = 1
+    prefetch_factor: int | None = 2
+    reason: str = ""
+    settled: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Decision:
+        workers = int(data["num_workers"])
+        pf = data.get("prefetch_factor", 2)
+        return cls(
+            num_workers=workers,
+            fetch_threads=int(data.get("fetch_threads", 1)),
+            prefetch_factor=None if workers == 0 or pf is None else int(pf),
+            reason=str(data.get("reason", "")),
+            settled=bool(data.get("settled", True)),
+        )
+
+    def loader_kwargs(self) -> dict[str, Any]:
+        """The DataLoader arguments this decision stands for."""
+        return {"num_workers": self.num_workers, "fetch_threads": self.fetch_threads,
+                "prefetch_factor": self.prefetch_factor if self.num_workers else None}
+
+
+@dataclass(frozen=True)
+class Window:
+    """Per-batch means between two snapshots."""
+
+    batches: int
+    busy: float  # wall seconds a worker spends on one batch
+    busy_std: float
+    cpu: float | None  # CPU seconds of one batch, when workers report it
+    step: float | None  # consumer seconds between two batches
+    wait: float  # consumer seconds waiting per batch
+    lanes: int  # fetches that could run at once (workers x fetch_threads)
+    workers: int
+
+
+def _totals(snap: dict[str, Any]) -> tuple[int, float, float, float, int]:
+    n = busy = sq = cpu = 0.0
+    cpu_n = 0
+    for w in snap.get("workers", {}).values():
+        b = w.get("batches", 0)
+        n += b
+        busy += w.get("busy_s", 0.0)
+        std = w.get("std_batch_s", 0.0) or 0.0
+        mean = w.get("mean_batch_s", 0.0) or 0.0
+        sq += b * (std * std + mean * mean)
+        if w.get("cpu_s") is not None:
+            cpu += w["cpu_s"]
+            cpu_n += w.get("cpu_batches", b)
+    return int(n), busy, sq, cpu, cpu_n
+
+
+class Tuner:
+    """Reads stats snapshots, recommends loader settings within a CPU and a RAM budget.
+
+    ``cpu`` and ``ram`` default to :func:`cpu_budget` and :func:`ram_budget`.
+    Call :meth:`observe` every few batches with ``loader.stats()``; read
+    :meth:`decision`. It settles once the same choice comes out of
+    ``patience`` windows in a row, or after ``settle_after`` batches.
+
+    >>> t = Tuner(cpu=4, ram=None)
+    >>> t.observe({"batches": 16, "steps": 15, "step_s": 0.15, "wait_s": 0.8, "num_workers": 0,
+    ...            "workers": {-1: {"batches": 16, "busy_s": 0.8, "cpu_s": 0.8, "cpu_batches": 16}}})
+    >>> t.decision().num_workers
+    4
+    """
+
+    def __init__(self, cpu: int | None = None, ram: int | None | str = "auto", *, target_wait: float = 0.05,
+                 warmup: int = 8, patience: int = 3, settle_after: int = 48, max_threads: int = MAX_THREADS,
+                 start: Decision | None = None) -> None:
+        self.cpu = cpu if cpu is not None else cpu_budget()
+        self.ram = ram_budget() if ram == "auto" else ram
+        self.target_wait = target_wait
+        self.warmup = warmup
+        self.patience = patience
+        self.settle_after = settle_after
+        self.max_threads = max_threads
+        self._current = start or Decision(0, 1, None, "not measured yet", False)
+        self._pinned: Decision | None = None
+        self._settled = False
+        self._streak = 0
+        self._last: dict[str, Any] | None = None
+        self.windows: list[Window] = []
+        self.seen = 0  # batches observed
+        self._rss: float | None = None  # bytes a worker adds
+        self._batch_bytes: float | None = None
+        self._io_evidence = False
+        self._probed = False
+
+    # -- input --------------------------------------------------------------
+    def observe(self, snap: dict[str, Any]) -> None:
+        """Take a cumulative ``loader.stats()`` snapshot; the difference to the last one is a window."""
+        if self._pinned is not None:
+            return
+        last = self._last or {"batches": 0, "steps": 0, "step_s": 0.0, "wait_s": 0.0, "workers": {}}
+        if snap.get("batches", 0) < last.get("batches", 0):
+            last = {"batches": 0, "steps": 0, "step_s": 0.0, "wait_s": 0.0, "workers": {}}  # a reset
+        self._last = snap
+        n1, busy1, sq1, cpu1, cn1 = _totals(snap)
+        n0, busy0, sq0, cpu0, cn0 = _totals(last)
+        dn = n1 - n0
+        handed = snap.get("batches", 0) - last.get("batches", 0)
+        if dn <= 0 or handed <= 0:
+            return
+        busy = (busy1 - busy0) / dn
+        var = max(0.0, (sq1 - sq0) / dn - busy * busy)
+        cpu = (cpu1 - cpu0) / (cn1 - cn0) if cn1 > cn0 else None
+        dsteps = snap.get("steps", 0) - last.get("steps", 0)
+        step = (snap.get("step_s", 0.0) - last.get("step_s", 0.0)) / dsteps if dsteps > 0 else None
+        wait = (snap.get("wait_s", 0.0) - last.get("wait_s", 0.0)) / handed
+        workers = int(snap.get("num_workers", 0) or 0)
+        lanes = max(1, workers) * int(snap.get("fetch_threads", 1) or 1)
+        self.windows.append(Window(dn, busy, math.sqrt(var), cpu, step, wait, lanes, workers))
+        self.seen += handed
+        rss = [w.get("rss") for k, w in snap.get("workers", {}).items() if int(k) >= 0 and w.get("rss")]
+        if rss:
+            self._rss = max(rss)
+        if snap.get("mean_batch_bytes"):
+            self._batch_bytes = float(snap["mean_batch_bytes"])
+        self._update()
+
+    def pin(self, decision: Decision | dict[str, Any]) -> Decision:
+        """Fix the decision (e.g. one saved with ``to_dict()``): observations no longer change it."""
+        d = decision if isinstance(decision, Decision) else Decision.from_dict(decision)
+        self._pinned = replace(d, settled=True, reason=f"pinned: {d.reason}" if d.reason else "pinned")
+        return self._pinned
+
+    def decision(self) -> Decision:
+        """The current recommendation (settled once it stopped changing)."""
+        return self._pinned or self._current
+
+    # -- the model ------------------------------------------------------------
+    def _estimate(self) -> dict[str, Any] | None:
+        ws = [w for w in self.windows[-6:]]
+        n = sum(w.batches for w in ws)
+        if self.seen < self.warmup or n == 0:
+            return None
+        # the latest windows weigh most: settings changed under earlier ones
+        wsum = sum(w.batches * (i + 1) for i, w in enumerate(ws))
+        busy = sum(w.busy * w.batches * (i + 1) for i, w in enumerate(ws)) / wsum
+        std = sum(w.busy_std * w.batches * (i + 1) for i, w in enumerate(ws)) / wsum
+        cws = [(i, w) for i, w in enumerate(ws) if w.cpu is not None]
+        cpu = (sum(w.cpu * w.batches * (i + 1) for i, w in cws) / sum(w.batches * (i + 1) for i, w in cws)
+               if cws else None)
+        sws = [(i, w) for i, w in enumerate(ws) if w.step is not None]
+        step = (sum(w.step * w.batches * (i + 1) for i, w in sws) / sum(w.batches * (i + 1) for i, w in sws)
+                if sws else 0.0)
+        # without CPU times: did running more fetches than cores leave each fetch as fast?
+        if cpu is None and not self._io_evidence:
+            within = [w.busy for w in self.windows if w.lanes <= self.cpu]
+            beyond = [w.busy for w in self.windows if w.lanes >= 2 * self.cpu]
+            if beyond:
+                self._probed = True
+                if within and min(beyond) < 1.25 * min(within):
+                    self._io_evidence = True
+        return {"busy": busy, "std": std, "cpu": cpu, "step": step}
+
+    def _choose(self, e: dict[str, Any]) -> Decision:
+        busy, cpu, step = e["busy"], e["cpu"], max(0.0, e["step"])
+        if cpu is not None:
+            ratio = min(1.0, cpu / busy) if busy > 0 else 1.0
+        else:
+            ratio = 0.3 if self._io_evidence else 1.0
+        kind = "I/O-bound" if ratio < IO_BOUND else "CPU-bound"
+        ratio_txt = f"cpu/wall {ratio:.0%}" if cpu is not None else (
+            "fetches did not slow down beyond the cores" if self._io_evidence else "no CPU times: assumed")
+        # loading inline costs busy per step: fine when that is under the target
+        if step > 0 and busy / (busy + step) < self.target_wait:
+            return Decision(0, 1, None, f"fetching costs {busy / (busy + step):.0%} of a step inline: "
+                            "no workers needed", False)
+        margin = 1.0 + 2 * self.target_wait  # jitter headroom
+        lanes = math.ceil(busy * margin / step) if step > 0 else 10**6
+        if cpu is None and not self._io_evidence and not self._probed and lanes > self.cpu:
+            # no CPU times and not enough cores: try twice the fetches on the same cores; if each
+            # fetch stays as fast, they wait rather than compute (threads will do)
+            return Decision(self.cpu, 2, 2, f"probing: {lanes} fetches at once would hide loading, "
+                            f"{self.cpu} cores; does a second fetch thread per worker slow fetches down?", False)
+        cap_note = ""
+        if kind == "CPU-bound":
+            need = math.ceil(busy * ratio * margin / step) if step > 0 else 10**6
+            workers = max(1, min(need, self.cpu))
+            threads = 1
+            if need > self.cpu:
+                cap_note = f"; {need} would hide loading but the CPU budget is {self.cpu}"
+        else:
+            cpu_need = math.ceil(busy * ratio * margin / step) if step > 0 else self.cpu
+            workers = max(1, min(cpu_need, self.cpu))
+            threads = min(self.max_threads, max(1, math.ceil(lanes / workers)))
+            if lanes > workers * self.max_threads:
+                cap_note = f"; {lanes} fetches at once would hide loading, capped at {self.max_threads} threads"
+        cv = e["std"] / busy if busy > 0 else 0.0
+        prefetch = 4 if cv > 0.5 else 2
+        mem_note = ""
+        if self.ram is not None and (self._rss or self._batch_bytes):
+            def per_worker(pf: int) -> float:
+                return (self._rss or 0.0) + pf * (self._batch_bytes or 0.0) * max(1, threads // 8 + 1)
+            if prefetch > 2 and workers * per_worker(prefetch) > self.ram:
+                prefetch = 2
+            fit = int(self.ram // max(1.0, per_worker(prefetch)))
+            if fit < workers:
+                if fit < 1:
+                    prefetch = 1
+                    fit = max(1, int(self.ram // max(1.0, per_worker(1))))
+                mem_note = (f"; memory allows {fit} (each worker ~{per_worker(prefetch) / 2**20:.0f} MiB, "
+                            f"budget {self.ram / 2**20:.0f} MiB)")
+                if kind == "I/O-bound" and fit < workers:
+                    threads = min(self.max_threads, math.ceil(workers * threads / fit))
+                workers = min(workers, fit)
+        reason = (f"{kind} ({ratio_txt}): a batch takes {busy * 1e3:.1f} ms in a worker, "
+                  f"the loop {step * 1e3:.1f} ms per batch{cap_note}{mem_note}")
+        return Decision(workers, threads, prefetch, reason, False)
+
+    def _update(self) -> None:
+        if self._settled:
+            return
+        e = self._estimate()
+        if e is None:
+            self._current = replace(self._current, reason=f"measuring ({self.seen} of {self.warmup} batches)")
+            return
+        d = self._choose(e)
+        prev = self._current
+        same = (d.num_workers, d.fetch_threads, d.prefetch_factor) == (
+            prev.num_workers, prev.fetch_threads, prev.prefetch_factor)
+        self._streak = self._streak + 1 if same else 1
+        if self._streak >= self.patience or self.seen >= self.settle_after:
+            self._settled = True
+            d = replace(d, settled=True)
+        self._current = d

@@ -1,0 +1,148 @@
+"""Stats hooks, report() sentences and the Chrome trace, all from synthetic timings."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from conveyor.report import plot_sweep, plot_timeline, report, workers_needed
+from conveyor.stats import Stats, trace_events, write_trace
+
+
+def run(workers: int, batch_s: float, step_s: float, batches: int = 40, wait_s: float | None = None,
+        cpu: float | None = None) -> Stats:
+    """A Stats fed through the loader's hooks on a made-up clock: ``workers`` fetchers, one loop."""
+    st = Stats(started=0.0)
+    t = 0.0
+    for i in range(batches):
+        w = i % workers if workers else -1
+        start = max(0.0, t - batch_s)
+        st.result(w, start, start + batch_s * 0.8, start + batch_s, cpu=cpu)
+        wait = (batch_s if workers == 0 else max(0.0, batch_s / workers - step_s)) if wait_s is None else wait_s
+        st.handed(t, t + wait, 32, 1)
+        t += wait + step_s
+    st.epoch_end()
+    return st
+
+
+def snap(st: Stats, workers: int, **extra: object) -> dict:
+    s = st.snapshot()
+    s.update({"num_workers": workers, "fetch_threads": 1, "prefetch_factor": 2 if workers else None})
+    s.update(extra)
+    return s
+
+
+def test_hooks_add_up() -> None:
+    st = run(2, batch_s=0.04, step_s=0.01, batches=10, cpu=0.03)
+    s = st.snapshot()
+    assert s["batches"] == 10 and s["samples"] == 320 and s["steps"] == 9 and s["epochs"] == 1
+    assert s["step_per_batch_s"] == pytest.approx(0.01)
+    assert s["wait_fraction"] == pytest.approx(10 * 0.01 / (10 * 0.01 + 9 * 0.01))
+    assert set(s["workers"]) == {0, 1}
+    assert s["workers"][0]["mean_batch_s"] == pytest.approx(0.04)
+    assert s["workers"][0]["cpu_s"] == pytest.approx(0.15)
+    json.dumps(s)  # plain data
+
+
+def test_report_bottleneck_names_the_worker_count() -> None:
+    # 1 worker, 35 ms a batch, 10 ms a step: 40 waits of 25 ms, 39 steps of 10 ms -> 72%; ceil(35 / 10) = 4
+    text = report(snap(run(1, batch_s=0.035, step_s=0.01), 1), cores=8)
+    assert text.startswith("loading is the bottleneck: 72% of each step is spent waiting; 4 workers would hide it")
+    assert workers_needed(snap(run(1, batch_s=0.035, step_s=0.01), 1)) == 4
+
+
+def test_report_bottleneck_beyond_the_cores_says_so() -> None:
+    text = report(snap(run(1, batch_s=0.1, step_s=0.01), 1), cores=2)
+    assert "10 workers would hide it, but only 2 cores" in text
+
+
+def test_report_io_bound_suggests_fetch_threads() -> None:
+    text = report(snap(run(1, batch_s=0.05, step_s=0.01, cpu=0.002), 1), cores=8)
+    assert "bottleneck" in text and "fetch_threads=5" in text
+
+
+def test_report_idle_workers() -> None:
+    text = report(snap(run(8, batch_s=0.01, step_s=0.01), 8), cores=8)
+    assert text.startswith("workers are idle") and "; 1 would do" in text
+
+
+def test_report_hidden() -> None:
+    text = report(snap(run(2, batch_s=0.019, step_s=0.01, wait_s=0.0002), 2), cores=8)
+    assert text == "loading is hidden: the consumer waited 2% of the time."
+
+
+def test_report_cheap_inline_and_no_batches() -> None:
+    text = report(snap(run(0, batch_s=0.0002, step_s=0.01), 0), cores=8)
+    assert text.startswith("loading is cheap: the consumer waited 2% of the time")
+    assert report({"batches": 0}).startswith("no batches yet")
+
+
+def test_report_mentions_failures_restarts_and_slow_first_batch() -> None:
+    s = snap(run(2, batch_s=0.019, step_s=0.01, wait_s=0.0002), 2, restarts=1,
+             deaths=["worker 1 (pid 7) was killed by signal SIGKILL"],
+             failures=[{"index": 5, "worker": 0, "error": "ValueError: bad row"}], first_batch_s=4.2)
+    text = report(s, cores=8)
+    assert "1 sample(s) failed and were skipped (first: index 5, ValueError: bad row)" in text
+    assert "1 worker restart(s); worker 1 (pid 7) was killed by signal SIGKILL" in text
+    assert "The first batch took 4.2 s (worker start-up)" in text
+
+
+def test_trace_is_chrome_json_with_a_track_per_worker(tmp_path: Path) -> None:
+    st = run(3, batch_s=0.045, step_s=0.01, batches=12)
+    path = write_trace(st, tmp_path / "t" / "trace.json")
+    doc = json.loads(path.read_text())
+    events = doc["traceEvents"]
+    spans = [e for e in events if e["ph"] == "X"]
+    for e in spans:
+        assert {"name", "ph", "ts", "dur", "pid", "tid"} <= e.keys()
+        assert e["dur"] >= 0 and isinstance(e["ts"], (int, float))
+    fetch_tids = {e["tid"] for e in spans if e["name"] == "fetch"}
+    loop_tids = {e["tid"] for e in spans if e["name"] in ("step", "wait")}
+    assert len(fetch_tids) == 3 and len(loop_tids) == 1 and not fetch_tids & loop_tids
+    names = {e["tid"]: e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "thread_name"}
+    assert sorted(names[t] for t in fetch_tids) == ["worker 0", "worker 1", "worker 2"]
+    assert names[loop_tids.pop()] == "training loop"
+    assert sum(e["name"] == "fetch" for e in spans) == 12
+    assert {e["name"] for e in spans} == {"fetch", "step", "wait"}
+
+
+def test_trace_respects_the_limit_and_accepts_loader_like_objects() -> None:
+    st = Stats(started=0.0, trace_limit=5)
+    for i in range(10):
+        st.result(0, i, i + 0.5, i + 1.0)
+    assert sum(e["ph"] == "X" for e in trace_events(st)) == 5
+
+    class Loaderish:
+        _stats = st
+
+    assert trace_events(Loaderish()) == trace_events(st)
+    with pytest.raises(TypeError):
+        trace_events(object())
+
+
+def test_plots_write_pngs(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    st = run(2, batch_s=0.03, step_s=0.01, batches=8)
+    a = plot_timeline(st, tmp_path / "timeline.png")
+    b = plot_sweep([{"loader": "torch", "workers": 0, "samples_s": 100.0},
+                    {"loader": "conveyor", "workers": 0, "samples_s": 150.0},
+                    {"loader": "conveyor", "workers": 2, "samples_s": 300.0}], tmp_path / "sweep.png")
+    for p in (a, b):
+        assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_plots_without_matplotlib_name_the_extra(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    import builtins
+
+    real = builtins.__import__
+
+    def deny(name: str, *args: object, **kwargs: object) -> object:
+        if name == "matplotlib" or name.startswith("matplotlib."):
+            raise ImportError("no matplotlib here")
+        return real(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", deny)
+    with pytest.raises(ImportError, match=r"pip install 'conveyor\[plot\]'"):
+        plot_sweep([], tmp_path / "x.png")

@@ -1,0 +1,173 @@
+"""Tuner decisions on synthetic stats snapshots: no real timing, no processes."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+
+import pytest
+
+from conveyor.tuning import Decision, Tuner, cpu_budget, ram_budget
+
+GiB = 2**30
+
+
+@dataclass
+class Workload:
+    """A made-up data set and training loop: per-batch CPU and I/O seconds, the loop's step."""
+
+    cpu: float
+    io: float
+    step: float
+    cores: int
+    report_cpu: bool = True
+    rss: int = 0
+    batch_bytes: int = 0
+
+
+class Sim:
+    """Cumulative ``loader.stats()`` snapshots of a loader running ``work`` under the given settings."""
+
+    def __init__(self, work: Workload, decision: Decision) -> None:
+        self.work = work
+        self.d = decision
+        self.snap = {"batches": 0, "steps": 0, "step_s": 0.0, "wait_s": 0.0, "workers": {}}
+
+    def apply(self, d: Decision) -> None:
+        self.d = d
+
+    def run(self, batches: int) -> dict:
+        w, d = self.work, self.d
+        procs = max(1, d.num_workers)
+        threads = d.fetch_threads
+        # CPU work of one process's threads shares one core (GIL); processes share the cores
+        contention = max(1.0, procs / w.cores) * (threads if threads > 1 and w.cpu > w.io else 1)
+        busy = w.io + w.cpu * contention
+        interval = busy / (procs * threads) if d.num_workers else busy
+        wait = max(0.0, interval - w.step) if d.num_workers else busy
+        s = self.snap
+        s["batches"] += batches
+        s["steps"] += batches
+        s["step_s"] += w.step * batches
+        s["wait_s"] += wait * batches
+        s["num_workers"] = d.num_workers
+        s["fetch_threads"] = d.fetch_threads
+        s["prefetch_factor"] = d.prefetch_factor
+        if w.batch_bytes:
+            s["mean_batch_bytes"] = w.batch_bytes
+        keys = range(d.num_workers) if d.num_workers else [-1]
+        for i, k in enumerate(keys):
+            cur = s["workers"].setdefault(k, {"batches": 0, "busy_s": 0.0, "cpu_s": 0.0, "cpu_batches": 0,
+                                             "mean_batch_s": 0.0, "std_batch_s": 0.0})
+            n = batches // len(keys) + (1 if i < batches % len(keys) else 0)
+            if not n:
+                continue
+            cur["batches"] += n
+            cur["busy_s"] += busy * n
+            cur["mean_batch_s"] = cur["busy_s"] / cur["batches"]
+            if w.report_cpu:
+                cur["cpu_s"] += w.cpu * n
+                cur["cpu_batches"] += n
+            else:
+                cur["cpu_s"] = None
+            if w.rss and k >= 0:
+                cur["rss"] = w.rss
+        return json.loads(json.dumps(s))  # plain data, as a real snapshot (keys become strings)
+
+
+def tune(work: Workload, *, ram: int | None = None, every: int = 8, limit: int = 200,
+         start: Decision | None = None) -> tuple[Decision, int]:
+    """Run the loop the loader will run: observe every ``every`` batches, apply each decision at once."""
+    start = start or Decision(0, 1, None)
+    tuner = Tuner(cpu=work.cores, ram=ram)
+    sim = Sim(work, start)
+    seen = 0
+    while seen < limit:
+        tuner.observe(sim.run(every))
+        seen += every
+        d = tuner.decision()
+        if d.settled:
+            return d, seen
+        if not d.reason.startswith("measuring"):
+            sim.apply(d)
+    raise AssertionError(f"the tuner did not settle within {limit} batches: {tuner.decision()}")
+
+
+def test_cpu_bound_slow_fetch_gets_processes_within_budget() -> None:
+    d, seen = tune(Workload(cpu=0.02, io=0.0, step=0.01, cores=8))
+    assert (d.num_workers, d.fetch_threads) == (3, 1)  # ceil(0.02 * 1.1 / 0.01)
+    assert "CPU-bound" in d.reason
+    assert seen <= 48
+
+
+def test_cpu_bound_never_exceeds_cpu_budget() -> None:
+    d, _ = tune(Workload(cpu=0.08, io=0.0, step=0.01, cores=4))
+    assert d.num_workers == 4 and d.fetch_threads == 1
+    assert "CPU budget is 4" in d.reason
+
+
+def test_io_bound_fetch_gets_threads_not_processes() -> None:
+    d, seen = tune(Workload(cpu=0.002, io=0.05, step=0.01, cores=8))
+    assert d.num_workers == 1
+    assert d.fetch_threads == math.ceil(0.052 * 1.1 / 0.01)
+    assert "I/O-bound" in d.reason
+    assert seen <= 48
+
+
+def test_fast_fetch_needs_no_workers() -> None:
+    d, _ = tune(Workload(cpu=0.0002, io=0.0, step=0.01, cores=8))
+    assert d.num_workers == 0 and d.prefetch_factor is None
+
+
+def test_moderate_fetch_needs_one_worker() -> None:
+    d, _ = tune(Workload(cpu=0.005, io=0.0, step=0.01, cores=8), start=Decision(4, 1, 2))
+    assert (d.num_workers, d.fetch_threads) == (1, 1)
+
+
+def test_memory_limits_the_worker_count() -> None:
+    work = Workload(cpu=0.04, io=0.0, step=0.005, cores=8, rss=2 * GiB, batch_bytes=64 * 2**20)
+    unlimited, _ = tune(work, ram=None)
+    limited, _ = tune(work, ram=5 * GiB)
+    assert unlimited.num_workers == 8
+    assert limited.num_workers == 2
+    assert "memory allows 2" in limited.reason
+
+
+def test_without_cpu_times_a_probe_tells_io_from_cpu() -> None:
+    io, _ = tune(Workload(cpu=0.001, io=0.05, step=0.01, cores=2, report_cpu=False))
+    assert io.fetch_threads > 1 and io.num_workers <= 2
+    cpu, _ = tune(Workload(cpu=0.05, io=0.001, step=0.01, cores=2, report_cpu=False))
+    assert (cpu.num_workers, cpu.fetch_threads) == (2, 1)
+
+
+def test_measures_before_deciding() -> None:
+    tuner = Tuner(cpu=4, ram=None, warmup=8)
+    tuner.observe(Sim(Workload(0.02, 0.0, 0.01, 4), Decision(0, 1, None)).run(4))
+    d = tuner.decision()
+    assert not d.settled and d.reason.startswith("measuring")
+
+
+def test_pin_round_trip_and_pinned_decisions_do_not_move() -> None:
+    d = Decision(3, 8, 4, "I/O-bound", True)
+    assert Decision.from_dict(json.loads(json.dumps(d.to_dict()))) == d
+    assert Decision.from_dict({"num_workers": 0, "prefetch_factor": 2}).prefetch_factor is None
+    tuner = Tuner(cpu=8, ram=None)
+    pinned = tuner.pin(d.to_dict())
+    assert (pinned.num_workers, pinned.fetch_threads, pinned.prefetch_factor) == (3, 8, 4)
+    assert pinned.settled and pinned.reason.startswith("pinned")
+    tuner.observe(Sim(Workload(0.0001, 0.0, 0.01, 8), Decision(3, 8, 4)).run(64))
+    assert tuner.decision() == pinned
+    assert pinned.loader_kwargs() == {"num_workers": 3, "fetch_threads": 8, "prefetch_factor": 4}
+
+
+def test_budgets() -> None:
+    assert cpu_budget() >= 1
+    b = ram_budget(0.25)
+    assert b is None or b > 0
+
+
+@pytest.mark.parametrize("step", [0.0, 1e-9])
+def test_a_loop_that_takes_no_time_gets_the_whole_budget(step: float) -> None:
+    d, _ = tune(Workload(cpu=0.01, io=0.0, step=step, cores=3))
+    assert d.num_workers == 3
