@@ -1,0 +1,115 @@
+"""Sharding iterable datasets by rank and worker for distributed training.
+
+::
+
+    stream: a0 a1 a2 a3 a4 a5 a6 a7 ...
+    rank 0 / worker 0 takes a0 a4 ...      stride = world_size * num_workers
+    rank 0 / worker 1 takes a1 a5 ...      offset = rank * num_workers + worker_id
+    rank 1 / worker 0 takes a2 a6 ...
+    rank 1 / worker 1 takes a3 a7 ...
+
+Map-style datasets shard with :class:`conveyor.DistributedSampler`; streams
+cannot be indexed, so each (rank, worker) pair reads the whole stream and
+keeps every ``stride``-th item. Rank and world size come from
+``torch.distributed`` when it is initialised, else from the ``RANK`` and
+``WORLD_SIZE`` environment variables (set by ``torchrun``), else ``0`` and
+``1``. The worker comes from :func:`conveyor.get_worker_info` (or torch's).
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import sys
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, TypeVar
+
+from .datasets import IterableDataset
+from .executors.worker import get_worker_info
+
+__all__ = ["ShardedIterable", "rank_and_world", "shard_iterable", "worker_and_count"]
+
+T = TypeVar("T")
+
+
+def rank_and_world() -> tuple[int, int]:
+    """This process's ``(rank, world_size)``: torch.distributed, else RANK/WORLD_SIZE, else (0, 1).
+
+    >>> rank, world = rank_and_world()
+    """
+    torch = sys.modules.get("torch")
+    dist = getattr(torch, "distributed", None) if torch is not None else None
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        return int(dist.get_rank()), int(dist.get_world_size())
+    rank, world = os.environ.get("RANK"), os.environ.get("WORLD_SIZE")
+    return (int(rank) if rank else 0), (int(world) if world else 1)
+
+
+def worker_and_count() -> tuple[int, int]:
+    """The current loader worker's ``(id, num_workers)``; ``(0, 1)`` outside workers.
+
+    >>> worker_and_count()
+    (0, 1)
+    """
+    info: Any = get_worker_info()
+    if info is None:
+        torch = sys.modules.get("torch")
+        if torch is not None:
+            info = torch.utils.data.get_worker_info()
+    if info is None:
+        return 0, 1
+    return int(info.id), int(info.num_workers)
+
+
+def _check(rank: int, world_size: int) -> None:
+    if world_size < 1:
+        raise ValueError(f"world_size should be a positive integer, but got world_size={world_size}")
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank should be in [0, {world_size - 1}], but got rank={rank}")
+
+
+def shard_iterable(iterable: Iterable[T], *, rank: int | None = None, world_size: int | None = None) -> Iterator[T]:
+    """The items of ``iterable`` that belong to this rank and this loader worker.
+
+    Call it inside ``IterableDataset.__iter__``, where the worker is known.
+
+    >>> list(shard_iterable(range(10), rank=1, world_size=3))
+    [1, 4, 7]
+    """
+    own_rank, own_world = rank_and_world()
+    rank = own_rank if rank is None else rank
+    world_size = own_world if world_size is None else world_size
+    _check(rank, world_size)
+    worker, workers = worker_and_count()
+    stride = world_size * workers
+    return itertools.islice(iter(iterable), rank * workers + worker, None, stride)
+
+
+class ShardedIterable(IterableDataset[T]):
+    """An iterable dataset split by rank and worker: every pair sees a disjoint share.
+
+    ``source`` is an iterable (iterated afresh each epoch) or a function
+    returning one. Rank and world size are read when the wrapper is built
+    (in the main process, where ``torch.distributed`` is initialised) unless
+    given; the worker is read each time iteration starts.
+
+    >>> list(ShardedIterable(range(7), rank=0, world_size=2))
+    [0, 2, 4, 6]
+    """
+
+    def __init__(
+        self,
+        source: Iterable[T] | Callable[[], Iterable[T]],
+        *,
+        rank: int | None = None,
+        world_size: int | None = None,
+    ) -> None:
+        own_rank, own_world = rank_and_world()
+        self.source = source
+        self.rank = own_rank if rank is None else int(rank)
+        self.world_size = own_world if world_size is None else int(world_size)
+        _check(self.rank, self.world_size)
+
+    def __iter__(self) -> Iterator[T]:
+        items = self.source() if callable(self.source) and not hasattr(self.source, "__iter__") else self.source
+        return shard_iterable(items, rank=self.rank, world_size=self.world_size)  # type: ignore[arg-type]

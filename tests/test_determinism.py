@@ -1,0 +1,195 @@
+"""Determinism: with a seed, batches are a function of (seed, epoch, index) only.
+
+A dataset drawing from ``random``, numpy's and torch's global RNGs inside
+``__getitem__`` (or ``__getitems__``) must give bit-identical batches for any
+worker count, worker type, prefetch depth, fetch concurrency and adaptivity;
+other seeds and other epochs must give other streams.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from helpers import same_epochs
+
+import conveyor
+from conveyor import DataLoader
+
+pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create")
+
+
+def draw(i: int) -> torch.Tensor:
+    """One sample: its index and one draw from each global RNG."""
+    return torch.tensor(
+        [i, random.getrandbits(31), int(np.random.randint(0, 2**31)), int(torch.randint(0, 2**31, ()).item()),
+         int(torch.rand(()).mul(2**20).item())],
+        dtype=torch.int64,
+    )
+
+
+class Noisy(conveyor.Dataset):
+    """``__getitem__`` draws from every global RNG (as random augmentation does)."""
+
+    def __init__(self, n: int = 30) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        return draw(i)
+
+
+class NoisyItems(Noisy):
+    """The same, fetched a batch at a time through ``__getitems__``."""
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        raise AssertionError("__getitems__ should be used")
+
+    def __getitems__(self, indices: list[int]) -> list[torch.Tensor]:
+        return [draw(i) for i in indices]
+
+
+def epochs(loader: DataLoader[Any], count: int = 2) -> list[list[Any]]:
+    with loader:
+        return [[b.clone() for b in loader] for _ in range(count)]
+
+
+BASE: dict[str, Any] = {"batch_size": 4, "shuffle": True}
+
+# (num_workers, worker_type, prefetch_factor, fetch_threads, adaptive)
+CONFIGS = [
+    (1, "process", 2, 1, False),
+    (2, "process", 1, 1, False),
+    (2, "process", 4, 4, False),
+    (2, "process", 2, 1, True),
+    (6, "process", 2, 1, False),
+    (1, "thread", 2, 1, False),
+    (2, "thread", 1, 4, False),
+    (2, "thread", 4, 1, True),
+    (6, "thread", 2, 4, False),
+]
+
+
+def _ids(cfg: tuple[Any, ...]) -> str:
+    return "w{}-{}-pf{}-ft{}-ad{}".format(*cfg)
+
+
+def make(ds: Any, cfg: tuple[int, str, int, int, bool] | None, **kw: Any) -> DataLoader[Any]:
+    if cfg is None:
+        return DataLoader(ds, **BASE, **kw)
+    workers, kind, prefetch, fetch, adaptive = cfg
+    return DataLoader(ds, **BASE, **kw, num_workers=workers, worker_type=kind, prefetch_factor=prefetch,
+                      fetch_threads=fetch, adaptive=adaptive)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("cfg", CONFIGS, ids=_ids)
+@pytest.mark.parametrize("dataset", [Noisy, NoisyItems])
+def test_seed_gives_same_batches_for_any_execution(cfg: tuple[Any, ...], dataset: type[Noisy]) -> None:
+    ref = epochs(make(dataset(), None, seed=7))
+    got = epochs(make(dataset(), cfg, seed=7))
+    for e in range(2):
+        same_epochs(ref[e], got[e])
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("cfg", [CONFIGS[1], CONFIGS[6]], ids=_ids)
+def test_generator_gives_same_batches_for_any_execution(cfg: tuple[Any, ...]) -> None:
+    ref = epochs(make(Noisy(), None, generator=torch.Generator().manual_seed(11)))
+    got = epochs(make(Noisy(), cfg, generator=torch.Generator().manual_seed(11)))
+    for e in range(2):
+        same_epochs(ref[e], got[e])
+
+
+@pytest.mark.timeout(60)
+def test_without_shuffle_the_samples_rng_is_seeded_too() -> None:
+    ref = epochs(DataLoader(Noisy(), batch_size=3, seed=5))
+    got = epochs(DataLoader(Noisy(), batch_size=3, seed=5, num_workers=2, worker_type="thread", fetch_threads=2))
+    same_epochs(ref[0], got[0])
+    same_epochs(ref[1], got[1])
+
+
+def test_repeated_runs_agree_and_global_rng_does_not_matter() -> None:
+    torch.manual_seed(1)
+    random.seed(1)
+    a = epochs(make(Noisy(), None, seed=3))
+    torch.manual_seed(2)
+    random.seed(2)
+    np.random.seed(2)
+    b = epochs(make(Noisy(), None, seed=3))
+    same_epochs(a[0], b[0])
+    same_epochs(a[1], b[1])
+
+
+def _values(batches: list[torch.Tensor]) -> list[list[int]]:
+    return [row for b in batches for row in b.tolist()]
+
+
+@pytest.mark.parametrize("dataset", [Noisy, NoisyItems])
+def test_other_seeds_and_epochs_give_other_streams(dataset: type[Noisy]) -> None:
+    a = epochs(make(dataset(), None, seed=1))
+    b = epochs(make(dataset(), None, seed=2))
+    for e in range(2):
+        assert _values(a[e]) != _values(b[e])
+    # across epochs: another order, and other draws for the same sample
+    assert [r[0] for r in _values(a[0])] != [r[0] for r in _values(a[1])]
+    first = {r[0]: r[1:] for r in _values(a[0])}
+    second = {r[0]: r[1:] for r in _values(a[1])}
+    assert first.keys() == second.keys()
+    assert all(first[i] != second[i] for i in first)
+
+
+def test_other_generator_seeds_give_other_streams() -> None:
+    a = epochs(make(Noisy(), None, generator=torch.Generator().manual_seed(1)), 1)
+    b = epochs(make(Noisy(), None, generator=torch.Generator().manual_seed(2)), 1)
+    assert _values(a[0]) != _values(b[0])
+
+
+def test_sample_draws_do_not_depend_on_its_batch() -> None:
+    """The draws of sample i are the same whatever batch (or position) it lands in."""
+    a = epochs(DataLoader(Noisy(), batch_size=4, seed=9), 1)
+    b = epochs(DataLoader(Noisy(), batch_size=7, seed=9, num_workers=2, worker_type="thread"), 1)
+    assert _values(a[0]) == _values(b[0])
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("kw", [{}, {"num_workers": 2, "adaptive": True}, {"num_workers": 2, "adaptive": False}],
+                         ids=["inline", "adaptive", "processes"])
+def test_main_process_rng_is_left_alone(kw: dict[str, Any]) -> None:
+    """Seeding per sample must not change the user's global RNG streams in the main process.
+
+    (Thread workers share the process's global RNGs: docs/determinism.md says so.)
+    """
+    torch.manual_seed(123)
+    random.seed(123)
+    np.random.seed(123)
+    expected = (torch.rand(3), random.random(), np.random.rand())
+    torch.manual_seed(123)
+    random.seed(123)
+    np.random.seed(123)
+    with DataLoader(Noisy(), batch_size=4, seed=4, **kw) as loader:
+        for _ in loader:
+            pass
+    got = (torch.rand(3), random.random(), np.random.rand())
+    assert torch.equal(expected[0], got[0]) and expected[1:] == got[1:]
+
+
+@pytest.mark.timeout(60)
+def test_without_seed_workers_are_seeded_like_torch() -> None:
+    """No seed: a process worker's RNGs start as torch seeds them (base_seed + worker id).
+
+    One worker, because which worker gets which batch is conveyor's choice
+    (it fills the least busy worker), not torch's strict round robin.
+    """
+    ds = Noisy(12)
+    torch.manual_seed(42)
+    want = [b.clone() for b in torch.utils.data.DataLoader(ds, batch_size=3, num_workers=1)]
+    torch.manual_seed(42)
+    with DataLoader(ds, batch_size=3, num_workers=1, adaptive=False) as loader:
+        got = [b.clone() for b in loader]
+    same_epochs(want, got)
