@@ -112,6 +112,9 @@ class DataLoader(Generic[T]):
     * ``fetch_threads``: samples fetched at once inside each worker (slow storage);
     * ``on_error`` / ``max_failures``: ``"skip"`` leaves bad samples out of their batch;
     * ``max_worker_restarts``: dead process workers are replaced, their batches re-issued;
+    * ``restart_hung``: with ``timeout``, a process worker stuck on a batch longer than
+      that is killed and replaced (counted against ``max_worker_restarts``) instead of
+      raising;
     * ``adaptive``: batches that cost less in the main process than a trip from a
       worker (tiny samples) are made in the main process, and workers start only
       when they pay off. ``False`` always uses the workers.
@@ -151,6 +154,7 @@ class DataLoader(Generic[T]):
         max_failures: int | float = 0,
         max_worker_restarts: int = 3,
         adaptive: bool = True,
+        restart_hung: bool = False,
     ) -> None:
         self._initialized = False
         if not isinstance(num_workers, int) or isinstance(num_workers, bool):
@@ -205,6 +209,7 @@ class DataLoader(Generic[T]):
         self.max_failures = max_failures
         self.max_worker_restarts = max_worker_restarts
         self.adaptive = adaptive
+        self.restart_hung = restart_hung
 
         iterable = _is_iterable_dataset(dataset)
         if iterable:
@@ -691,7 +696,9 @@ class _Run(Generic[T]):
             events = self.ex.poll(timeout)
             if not events:
                 if self.loader.timeout > 0 and time.monotonic() - waited_since >= self.loader.timeout:
-                    raise self._timeout_error()
+                    if not self._restart_hung():
+                        raise self._timeout_error()
+                    waited_since = time.monotonic()
                 continue
             for ev in events:
                 if isinstance(ev, Death):
@@ -822,6 +829,17 @@ class _Run(Generic[T]):
             for t in tasks:
                 self.inflight[t.seq] = (death.worker, t)
             self.ex.submit(death.worker, tasks)
+
+    def _restart_hung(self) -> bool:
+        """With ``restart_hung=True``, kill the worker holding the awaited batch; recovery replaces it."""
+        if not self.loader.restart_hung or not hasattr(self.ex, "kill"):
+            return False
+        seq = self.reorder.next if self.loader.in_order else min(self.inflight, default=None)
+        where = self.inflight.get(seq) if seq is not None else None
+        if where is None:
+            return False
+        self.ex.kill(where[0])  # the next poll reports its death; its tasks are re-issued
+        return True
 
     def _timeout_error(self) -> RuntimeError:
         seq = self.reorder.next if self.loader.in_order else min(self.inflight, default=None)
