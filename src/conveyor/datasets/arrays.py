@@ -1,0 +1,99 @@
+"""ArrayDataset: rows of in-memory arrays, fetched a whole batch at a time.
+
+    indices ──> gather: one take / index_select per array ──> [batch_0, batch_1, ...]
+                (what default_collate makes of the rows, without the per-row work)
+    index   ──> dataset[i] = (a_0[i], a_1[i], ...)
+
+The loader uses ``gather`` when the dataset has it and the collate function is
+the default one; any other collate gets ``__getitems__``'s list of samples.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Literal
+
+import numpy as np
+
+from conveyor import _torch
+from conveyor.datasets.base import Dataset
+
+__all__ = ["ArrayDataset"]
+
+Output = Literal["auto", "torch", "numpy"]
+
+
+class ArrayDataset(Dataset[tuple[Any, ...]]):
+    """Samples are tuples of rows of numpy arrays or torch tensors.
+
+    All arrays must share their first dimension. ``dataset[i]`` is
+    ``(a[i] for a in arrays)`` as a tuple, like ``TensorDataset``;
+    ``gather(indices)`` builds the collated batch with one gather per array.
+
+    >>> ds = ArrayDataset(np.arange(8.0).reshape(4, 2), np.array([0, 1, 1, 0]))
+    >>> ds.gather([3, 1], output="numpy")
+    [array([[6., 7.],
+           [2., 3.]]), array([0, 1])]
+    """
+
+    collated_getitems = False
+    """``__getitems__`` returns a list of samples, not an already collated batch."""
+
+    arrays: tuple[Any, ...]
+
+    def __init__(self, *arrays: Any) -> None:
+        if not arrays:
+            raise ValueError("ArrayDataset needs at least one array")
+        converted = tuple(a if _torch.is_tensor(a) or isinstance(a, np.ndarray) else np.asarray(a) for a in arrays)
+        for k, a in enumerate(converted):
+            if len(a.shape) == 0:
+                raise ValueError(f"ArrayDataset array {k} is 0-dimensional; every array needs a first (sample) dimension")
+        lengths = [int(a.shape[0]) for a in converted]
+        if len(set(lengths)) != 1:
+            raise ValueError(f"ArrayDataset arrays must have the same first dimension, got lengths {lengths}")
+        self.arrays = converted
+        self._length = lengths[0]
+
+    def __len__(self) -> int:
+        return self._length
+
+    def __getitem__(self, index: int) -> tuple[Any, ...]:
+        return tuple(a[index] for a in self.arrays)
+
+    def __getitems__(self, indices: list[int]) -> list[tuple[Any, ...]]:
+        """One sample tuple per index, cut from one gather per array."""
+        columns = [_take(a, indices) for a in self.arrays]
+        return list(zip(*columns, strict=True))
+
+    def gather(self, indices: Sequence[int], output: Output = "auto") -> list[Any]:
+        """The batch ``default_collate`` would build from these rows, gathered directly.
+
+        ``output="torch"`` gives tensors (numpy arrays converted after the
+        gather, dtype kept), ``"numpy"`` gives numpy arrays, and ``"auto"``
+        gives tensors when torch is installed and numpy arrays otherwise.
+
+        >>> ArrayDataset(np.array([5, 6, 7])).gather([2, 0], output="numpy")
+        [array([7, 5])]
+        """
+        if output == "auto":
+            output = "torch" if _torch.available() else "numpy"
+        if output not in ("torch", "numpy"):
+            raise ValueError(f"output must be 'auto', 'torch' or 'numpy', got {output!r}")
+        batch = [_take(a, indices) for a in self.arrays]
+        if output == "numpy":
+            return [b.numpy() if _torch.is_tensor(b) else b for b in batch]
+        torch = _torch.get()
+        if torch is None:
+            raise ImportError("gather(output='torch') needs torch: pip install conveyor[torch]")
+        return [b if _torch.is_tensor(b) else torch.from_numpy(b) for b in batch]
+
+
+def _take(array: Any, indices: Sequence[int]) -> Any:
+    if _torch.is_tensor(array):
+        torch = _torch.get()
+        assert torch is not None
+        idx = torch.as_tensor(indices, dtype=torch.long)
+        if idx.numel() and bool((idx < 0).any()):
+            idx = torch.where(idx < 0, idx + array.shape[0], idx)
+        return array.index_select(0, idx)
+    return np.take(array, np.asarray(indices, dtype=np.intp), axis=0)
