@@ -401,6 +401,18 @@ def test_state_dict_without_tracking_passes_the_live_state() -> None:
         DevicePrefetcher([1], "cpu").state_dict()
 
 
+def test_reset_ends_the_epoch_and_hands_state_back_to_the_loader() -> None:
+    dl = DataLoader(list(range(30)), batch_size=2)
+    pf = DevicePrefetcher(dl, "cpu")
+    it = iter(pf)
+    next(it)
+    assert pf.state_dict()["batches"] == 1
+    pf.reset()
+    assert not device_threads()
+    assert pf.state_dict() == dl.state_dict()
+    assert [b.tolist() for b in pf][0] == [0, 1]  # still usable, unlike after close()
+
+
 def test_wrap_prefetches_an_existing_iterator() -> None:
     pf = DevicePrefetcher([], "cpu")
     assert list(pf.wrap(iter([torch.tensor(1), torch.tensor(2)]))) == [torch.tensor(1), torch.tensor(2)]

@@ -212,12 +212,13 @@ class SlotPinner:
             self._index()
         return True
 
-    def unregister(self, segment: Any) -> None:
+    def unregister(self, segment: Any, *, sync: bool = False) -> None:
         """Unregister a slot before it is unmapped; a slot never registered is ignored.
 
         No copy from the slot may be in flight: true for a slot the transport
-        retires (all its views were collected) and for batches handed out by
-        :class:`DevicePrefetcher`, which keeps each host batch until its copy is done.
+        retires (all its views were collected; :class:`DevicePrefetcher` keeps
+        each host batch until its copy is done). Where views may still be
+        copying (a dead worker's slots, closing), ``sync=True`` waits for the device first.
         """
         with self._lock:
             span = self.spans.pop(id(segment), None)
@@ -225,6 +226,8 @@ class SlotPinner:
                 return
             self.registered_bytes -= span[1]
             self._index()
+        if sync and cuda_ready():
+            sys.modules["torch"].cuda.synchronize()
         unregister_pinned(span[0])
 
     def _index(self) -> None:
@@ -636,10 +639,14 @@ class DevicePrefetcher:
             raise state.error
         return copy.deepcopy(state)
 
-    def load_state_dict(self, state: Any) -> None:
-        """Close the running epoch and hand ``state`` to the wrapped loader."""
+    def reset(self) -> None:
+        """Close the running epoch and forget its position: the loader's own state counts again."""
         self._close_epoch()
         self._state = None
+
+    def load_state_dict(self, state: Any) -> None:
+        """Close the running epoch and hand ``state`` to the wrapped loader."""
+        self.reset()
         self.loader.load_state_dict(state)  # type: ignore[attr-defined]
 
     # -- shutdown ---------------------------------------------------------------
