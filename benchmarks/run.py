@@ -1,0 +1,403 @@
+"""Side-by-side benchmark of conveyor against torch, torchdata, Grain and SPDL.
+
+    parent: probe peers ──> for scenario: for repeat: for loader (A B C A B C ...):
+              child = fresh `python run.py --child SCENARIO LOADER` ──> one JSON line on stdout
+            ──> median per (scenario, loader) ──> results/<name>.md + results/<name>.json
+    child:  build the dataset; t0; make the loader; every epoch, every batch: step;
+            t1 (end of the last epoch); close; print the JSON
+
+Each (scenario, loader) pair runs in its own process, so one loader's memory,
+threads and worker processes cannot slow the next. By default the child is
+forked from the parent after torch and the scenarios are imported (the parent
+runs no torch op, so it has no threads to inherit) and its stdout is a pipe to
+the parent: importing torch can take seconds on a busy 2-core machine.
+``--exec`` starts a brand-new interpreter per run instead. Times include the
+loader's construction and worker start-up. Speed-ups are torch's median time
+over the loader's median time, measured in the same invocation.
+
+    python benchmarks/run.py                       # full suite, 3 repeats
+    python benchmarks/run.py --quick               # smoke test, every scenario once, small
+    python benchmarks/run.py --scenario latency --loader torch2 --loader conveyor2_ft32
+    python benchmarks/run.py --scenario overlap --loader conveyor2 --profile   # cProfile the child
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import select
+import shutil
+import signal
+import tempfile
+import statistics
+import subprocess
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+MARK = "@@RESULT "
+QUICK_LOADERS = ("torch0", "torch2", "conveyor0")
+PEERS = ("grain2", "spdl2")
+
+
+# ---------------------------------------------------------------- child side
+
+def child(scenario_name: str, loader_name: str, quick: bool, profile_dir: str | None) -> dict[str, Any]:
+    """Run one (scenario, loader) pair in this process and return its measurements."""
+    sys.path[:0] = [str(HERE), str(ROOT / "src")]
+    import loaders
+    import scenarios
+
+    scenario = scenarios.SCENARIOS[scenario_name]
+    base, extra = scenario.variants.get(loader_name, (loader_name, {}))
+    family = "conveyor" if base.startswith("conveyor") else "torch" if base.startswith("torch") else "peer"
+    try:
+        setup = scenario.build(family, quick)
+    except scenarios.Skip as e:
+        return {"status": "skip", "note": str(e)}
+    opts = {**setup.opts.get(base, {}), **setup.opts.get(loader_name, {}), **extra}
+
+    profiler = None
+    if profile_dir:
+        import cProfile
+        profiler = cProfile.Profile()
+        profiler.enable()
+    batches = 0
+    first: float | None = None
+    t0 = time.perf_counter()
+    try:
+        handle = loaders.make(base, setup.dataset, setup.batch_size, setup.collate_fn, setup.epochs,
+                              shuffle=setup.shuffle, **opts)
+    except (TypeError, ValueError) as e:
+        if base == "conveyor_auto":
+            return {"status": "skip", "note": f"num_workers='auto' not supported yet: {type(e).__name__}: {e}"}
+        raise
+    try:
+        for _ in range(setup.epochs):
+            for batch in handle.epoch():
+                if first is None:
+                    first = time.perf_counter() - t0
+                if setup.step is not None:
+                    setup.step(batch)
+                batches += 1
+                del batch
+        seconds = time.perf_counter() - t0
+    finally:
+        if profiler is not None:
+            profiler.disable()
+        handle.close()
+    out: dict[str, Any] = {"status": "ok", "seconds": seconds, "batches": batches, "first_batch_s": first,
+                           "workers": handle.workers, "opts": opts}
+    if setup.ideal_per_batch_s is not None and handle.workers is not None:
+        out["ideal_s"] = setup.ideal_per_batch_s(handle.workers) * batches
+    if profiler is not None and profile_dir:
+        import io
+        import pstats
+        text = io.StringIO()
+        stats = pstats.Stats(profiler, stream=text)
+        stats.sort_stats("cumulative").print_stats(35)
+        stats.sort_stats("tottime").print_stats(25)
+        path = Path(profile_dir) / f"profile_{scenario_name}_{loader_name}.txt"
+        path.write_text(f"# {scenario_name} / {loader_name}: {seconds:.3f} s (profiled)\n" + text.getvalue())
+        out["profile"] = str(path)
+    return out
+
+
+def probe() -> dict[str, Any]:
+    """Versions of the libraries and which peer loaders can run here."""
+    sys.path.insert(0, str(HERE))
+    import loaders
+
+    versions: dict[str, str] = {}
+    for module in ("numpy", "torch", "PIL", "torchdata", "grain", "spdl", "conveyor"):
+        try:
+            versions[module] = getattr(__import__(module), "__version__", "?")
+        except Exception as e:
+            versions[module] = f"missing ({type(e).__name__})"
+    if versions.get("spdl") == "?":
+        try:
+            from importlib.metadata import version
+            versions["spdl"] = version("spdl")
+        except Exception:
+            pass
+    notes = {name: note for name in loaders.LOADERS if (note := loaders.available(name))}
+    return {"versions": versions, "unavailable": notes}
+
+
+# ---------------------------------------------------------------- parent side
+
+def machine(versions: dict[str, str]) -> dict[str, Any]:
+    """CPU model, usable cores, RAM, /dev/shm and library versions."""
+    cpu = "?"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    ram = "?"
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal"):
+                ram = f"{int(line.split()[1]) / 2**20:.1f} GiB"
+    except OSError:
+        pass
+    try:
+        shm = f"{shutil.disk_usage('/dev/shm').total / 2**30:.1f} GiB"
+    except OSError:
+        shm = "?"
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
+                                text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        commit = "?"
+    return {"cpu": cpu, "cores_usable": len(os.sched_getaffinity(0)), "cpu_count": os.cpu_count(), "ram": ram,
+            "load_avg_start": [round(x, 2) for x in os.getloadavg()],
+            "dev_shm": shm, "platform": platform.platform(), "python": platform.python_version(),
+            "versions": versions, "commit": commit, "date": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
+
+
+def spawn(args: list[str], timeout: float) -> dict[str, Any]:
+    """Run ``run.py ARGS`` in a fresh interpreter and parse its result line."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT / "src"), env.get("PYTHONPATH", "")) if p)
+    try:
+        proc = subprocess.run([sys.executable, str(Path(__file__).resolve()), *args], capture_output=True,
+                              text=True, timeout=timeout, env=env, cwd=ROOT)
+    except subprocess.TimeoutExpired:
+        return {"status": "error", "note": f"timed out after {timeout:.0f} s"}
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(MARK)]
+    if not lines:
+        tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        return {"status": "error", "note": f"exit {proc.returncode}: {tail[:300]}"}
+    return json.loads(lines[-1][len(MARK):])
+
+
+def fork_child(args: list[str], timeout: float) -> dict[str, Any]:
+    """Fork a child that runs ``main(ARGS)`` with its stdout on a pipe to us."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    read_fd, write_fd = os.pipe()
+    err = tempfile.TemporaryFile()
+    pid = os.fork()
+    if pid == 0:  # the child: own process group, so a timeout can end it and its workers
+        code = 1
+        try:
+            os.setpgid(0, 0)
+            os.close(read_fd)
+            os.dup2(write_fd, 1)
+            os.dup2(err.fileno(), 2)
+            code = main(args)
+            sys.stdout.flush()
+        finally:
+            os._exit(code)
+    os.close(write_fd)
+    chunks: list[bytes] = []
+    deadline = time.monotonic() + timeout
+    timed_out = False
+    with os.fdopen(read_fd, "rb") as pipe:
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                timed_out = True
+                break
+            ready, _, _ = select.select([pipe], [], [], left)
+            if ready:
+                data = os.read(pipe.fileno(), 1 << 16)
+                if not data:
+                    break
+                chunks.append(data)
+    if timed_out:
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    _, status = os.waitpid(pid, 0)
+    lines = [ln for ln in b"".join(chunks).decode(errors="replace").splitlines() if ln.startswith(MARK)]
+    err.seek(0)
+    tail = (err.read().decode(errors="replace").strip().splitlines() or ["no output"])[-1]
+    err.close()
+    if timed_out:
+        return {"status": "error", "note": f"timed out after {timeout:.0f} s"}
+    if not lines:
+        return {"status": "error", "note": f"exit status {status}: {tail[:300]}"}
+    return json.loads(lines[-1][len(MARK):])
+
+
+def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    ok = [r for r in runs if r["status"] == "ok"]
+    if not ok:
+        return {"status": runs[-1]["status"], "note": runs[-1].get("note", "")}
+    times = [r["seconds"] for r in ok]
+    out: dict[str, Any] = {"status": "ok", "median_s": statistics.median(times), "runs_s": times,
+                           "batches": ok[0]["batches"],
+                           "first_batch_s": statistics.median(r["first_batch_s"] or 0.0 for r in ok),
+                           "workers": ok[0]["workers"], "opts": ok[0]["opts"]}
+    if "ideal_s" in ok[0]:
+        out["ideal_s"] = ok[0]["ideal_s"]
+        out["efficiency"] = ok[0]["ideal_s"] / out["median_s"]
+    return out
+
+
+def speedups(result: dict[str, dict[str, Any]]) -> None:
+    """Add ``vs_torch2`` and ``vs_torch0`` (torch time / loader time) to every loader."""
+    for ref in ("torch2", "torch0"):
+        base = result.get(ref, {}).get("median_s")
+        for r in result.values():
+            if r.get("status") == "ok" and base:
+                r[f"vs_{ref}"] = base / r["median_s"]
+
+
+def check(target: str, result: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Evaluate ``"A/B>=x"`` (B's time over A's), ``"A/peers>=x"`` or ``"A:efficiency>=x"``."""
+    left, goal = target.split(">=")
+    want = float(goal)
+    if ":" in left:
+        name, key = left.split(":")
+        value = result.get(name, {}).get(key)
+    else:
+        name, ref = left.split("/")
+        refs = PEERS if ref == "peers" else (ref,)
+        ref_times = [result[r]["median_s"] for r in refs if result.get(r, {}).get("status") == "ok"]
+        mine = result.get(name, {}).get("median_s")
+        value = min(ref_times) / mine if ref_times and mine else None
+    met = None if value is None else value >= want
+    return {"target": target, "value": value, "met": met}
+
+
+def fmt(x: float | None, digits: int = 2) -> str:
+    return "-" if x is None else f"{x:.{digits}f}"
+
+
+def markdown(report: dict[str, Any]) -> str:
+    m = report["machine"]
+    v = m["versions"]
+    out = [f"# conveyor benchmarks: {report['name']}", "",
+           f"- machine: {m['cpu']}, {m['cores_usable']} usable cores (cpu_count {m['cpu_count']}), "
+           f"RAM {m['ram']}, /dev/shm {m['dev_shm']}, {m['platform']}",
+           f"- load average (1/5/15 min) at start {m['load_avg_start']}, at end {m.get('load_avg_end')}: "
+           "other jobs on the machine share these cores",
+           f"- python {m['python']}, " + ", ".join(f"{k} {val}" for k, val in v.items()),
+           f"- commit {m['commit']}, {m['date']}; repeats {report['repeats']} (median), "
+           f"quick={report['quick']}; each run in a fresh {report['fresh']}, loaders alternated per repeat",
+           "- speed-up = torch's median time / the loader's median time (higher is better), "
+           "torch2 = DataLoader(num_workers=2, persistent_workers=True), torch0 = num_workers=0", ""]
+    if report["unavailable"]:
+        out += [f"- {k}: {note}" for k, note in report["unavailable"].items()] + [""]
+    out += ["## Summary", "", "| scenario | conveyor loader | vs torch2 | vs torch0 | vs best of grain/spdl | targets |",
+            "|---|---|---|---|---|---|"]
+    for name, sc in report["scenarios"].items():
+        head = sc["headline"]
+        r = sc["loaders"].get(head, {})
+        peers = [sc["loaders"][p]["median_s"] for p in PEERS if sc["loaders"].get(p, {}).get("status") == "ok"]
+        vs_peers = min(peers) / r["median_s"] if peers and r.get("median_s") else None
+        targets = "; ".join(
+            f"{t['target']}: {fmt(t['value'])} {'met' if t['met'] else 'MISSED' if t['met'] is False else 'n/a'}"
+            for t in sc["targets"]) or "-"
+        out.append(f"| {name} | {head} | {fmt(r.get('vs_torch2'))} | {fmt(r.get('vs_torch0'))} | "
+                   f"{fmt(vs_peers)} | {targets} |")
+    for name, sc in report["scenarios"].items():
+        out += ["", f"## {name}", "", sc["doc"], "",
+                "| loader | median s | runs s | batches | first batch s | vs torch2 | vs torch0 | note |",
+                "|---|---|---|---|---|---|---|---|"]
+        for loader, r in sc["loaders"].items():
+            if r["status"] != "ok":
+                out.append(f"| {loader} | - | - | - | - | - | - | {r['status']}: {r.get('note', '')} |")
+                continue
+            note = f"efficiency {r['efficiency']:.2f} (ideal {r['ideal_s']:.2f} s)" if "efficiency" in r else ""
+            if r.get("opts"):
+                note = (note + " " + ", ".join(f"{k}={val}" for k, val in r["opts"].items())).strip()
+            runs = " ".join(f"{t:.3f}" for t in r["runs_s"])
+            out.append(f"| {loader} | {r['median_s']:.3f} | {runs} | {r['batches']} | {r['first_batch_s']:.3f} | "
+                       f"{fmt(r.get('vs_torch2'))} | {fmt(r.get('vs_torch0'))} | {note} |")
+    return "\n".join(out) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--quick", action="store_true", help="every scenario once, small sizes, few loaders")
+    p.add_argument("--scenario", action="append", help="run only these scenarios (repeatable)")
+    p.add_argument("--loader", action="append", help="run only these loaders (repeatable)")
+    p.add_argument("--repeats", type=int, default=None, help="runs per pair (default 3, quick 1)")
+    p.add_argument("--name", default=None, help="results file stem (default 'full' or 'quick')")
+    p.add_argument("--out", default=str(HERE / "results"), help="results directory")
+    p.add_argument("--profile", action="store_true", help="cProfile each child's timed region into --out")
+    p.add_argument("--timeout", type=float, default=None, help="seconds per child run")
+    p.add_argument("--exec", action="store_true", help="a new interpreter per run instead of a fork")
+    p.add_argument("--child", nargs=2, metavar=("SCENARIO", "LOADER"), help=argparse.SUPPRESS)
+    p.add_argument("--probe", action="store_true", help=argparse.SUPPRESS)
+    a = p.parse_args(argv)
+    out_dir = Path(a.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+
+    if a.probe:
+        print(MARK + json.dumps(probe()), flush=True)
+        return 0
+    if a.child:
+        try:
+            result = child(a.child[0], a.child[1], a.quick, str(out_dir) if a.profile else None)
+        except BaseException as e:
+            result = {"status": "error", "note": f"{type(e).__name__}: {e}",
+                      "traceback": traceback.format_exc()[-2000:]}
+        print(MARK + json.dumps(result), flush=True)
+        return 0
+
+    sys.path.insert(0, str(HERE))
+    import loaders  # noqa: F401  (imported once here so that forked children start warm)
+    import scenarios  # imports torch; the parent runs no torch op, children do the work
+
+    names = a.scenario or list(scenarios.SCENARIOS)
+    unknown = [n for n in names if n not in scenarios.SCENARIOS]
+    if unknown:
+        p.error(f"unknown scenario(s) {unknown}; known: {', '.join(scenarios.SCENARIOS)}")
+    repeats = a.repeats or (1 if a.quick else 3)
+    timeout = a.timeout or (90.0 if a.quick else 600.0)
+    name = a.name or ("quick" if a.quick else "full")
+
+    info = spawn(["--probe"], timeout=120)
+    unavailable = info.get("unavailable", {})
+    report: dict[str, Any] = {"name": name, "quick": a.quick, "repeats": repeats,
+                              "fresh": "interpreter (--exec)" if a.exec else "forked process",
+                              "machine": machine(info.get("versions", {})), "unavailable": unavailable,
+                              "scenarios": {}}
+    started = time.perf_counter()
+    for sname in names:
+        sc = scenarios.SCENARIOS[sname]
+        chosen = [ln for ln in sc.loaders if (a.loader is None or ln in a.loader)
+                  and (not a.quick or a.loader or ln in QUICK_LOADERS or ln == sc.headline)]
+        runs: dict[str, list[dict[str, Any]]] = {ln: [] for ln in chosen}
+        for ln in chosen:
+            base = sc.variants.get(ln, (ln, {}))[0]
+            if base in unavailable:
+                runs[ln].append({"status": "skip", "note": unavailable[base]})
+        for rep in range(repeats):
+            for ln in chosen:
+                if runs[ln] and runs[ln][-1]["status"] != "ok":
+                    continue  # skipped or failed once: do not retry
+                args = ["--child", sname, ln, "--out", str(out_dir)] + ["--quick"] * a.quick + ["--profile"] * a.profile
+                r = spawn(args, timeout) if a.exec else fork_child(args, timeout)
+                runs[ln].append(r)
+                shown = f"{r['seconds']:.3f} s" if r["status"] == "ok" else f"{r['status']}: {r.get('note', '')}"
+                print(f"[{time.perf_counter() - started:6.1f}s] {sname:15s} {ln:15s} #{rep + 1} {shown}", flush=True)
+        result = {ln: summarize(rs) for ln, rs in runs.items() if rs}
+        speedups(result)
+        report["scenarios"][sname] = {"doc": sc.doc, "headline": sc.headline, "loaders": result,
+                                      "targets": [check(t, result) for t in sc.targets]}
+    report["elapsed_s"] = time.perf_counter() - started
+    report["machine"]["load_avg_end"] = [round(x, 2) for x in os.getloadavg()]
+    (out_dir / f"{name}.json").write_text(json.dumps(report, indent=1) + "\n")
+    text = markdown(report)
+    (out_dir / f"{name}.md").write_text(text)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
