@@ -115,6 +115,8 @@ class DataLoader(Generic[T]):
     * ``restart_hung``: with ``timeout``, a process worker stuck on a batch longer than
       that is killed and replaced (counted against ``max_worker_restarts``) instead of
       raising;
+    * ``device`` / ``device_depth``: batches arrive already on ``device`` (e.g. ``"cuda"``),
+      copied ``device_depth`` ahead on a side stream (see ``DevicePrefetcher``);
     * ``adaptive``: batches that cost less in the main process than a trip from a
       worker (tiny samples) are made in the main process, and workers start only
       when they pay off. ``False`` always uses the workers.
@@ -155,6 +157,8 @@ class DataLoader(Generic[T]):
         max_worker_restarts: int = 3,
         adaptive: bool = True,
         restart_hung: bool = False,
+        device: Any = None,
+        device_depth: int = 2,
     ) -> None:
         self._initialized = False
         if not isinstance(num_workers, int) or isinstance(num_workers, bool):
@@ -275,6 +279,14 @@ class DataLoader(Generic[T]):
         self._last_run: _Run | None = None
         self._len_called: int | None = None
         self._closed = False
+        self._slot_pinner = _pinner(self)
+        self._device_stage: Any = None
+        if device is not None:
+            from .device import DevicePrefetcher, pin
+
+            self._device_stage = DevicePrefetcher(
+                self, device, depth=device_depth, pinner=self._slot_pinner or pin,
+                track_state=True, state_fn=self._position)
         self._initialized = True
         if num_workers > 0:
             self._check_worker_count()
@@ -316,7 +328,7 @@ class DataLoader(Generic[T]):
         return len(self._index_sampler)
 
     # -- iteration ----------------------------------------------------------
-    def __iter__(self) -> _Run:
+    def __iter__(self) -> Iterator[T]:
         if self._closed:
             raise RuntimeError("this DataLoader is closed")
         epoch, skip, base_seed = self._epoch, 0, None
@@ -339,6 +351,9 @@ class DataLoader(Generic[T]):
         run = _Run(self, pool, epoch, skip, owns_pool=not (self.persistent_workers and self.num_workers > 0))
         self._runs.add(run)
         self._last_run = run
+        if self._device_stage is not None:
+            run.pin = None  # the device thread pins (and copies) each batch
+            return self._device_stage.wrap(run)
         return run
 
     def _draw_base_seed(self, epoch: int) -> int:
@@ -391,11 +406,19 @@ class DataLoader(Generic[T]):
     def state_dict(self) -> dict[str, Any]:
         """Plain-JSON position of this loader: resume with :meth:`load_state_dict`.
 
+        With ``device=``, the position is that of the last batch the consumer
+        received (not of the batches waiting on the device).
+
         >>> loader = DataLoader(list(range(10)), batch_size=2, output="numpy")
         >>> it = iter(loader); _ = next(it)
         >>> loader.state_dict()["batches"]
         1
         """
+        if self._device_stage is not None:
+            return self._device_stage.state_dict()
+        return self._position()
+
+    def _position(self) -> dict[str, Any]:
         run = self._last_run
         if self._resume is not None:
             return dict(self._resume)
@@ -439,6 +462,8 @@ class DataLoader(Generic[T]):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from ``state``: the rest of the interrupted epoch, then the same epochs after."""
+        if self._device_stage is not None:
+            self._device_stage.reset()
         if not isinstance(state, dict) or state.get("version") != STATE_VERSION:
             raise ValueError(f"not a conveyor DataLoader state of version {STATE_VERSION}: {state!r:.200}")
         for run in list(self._runs):
@@ -477,6 +502,8 @@ class DataLoader(Generic[T]):
     # -- shutdown -----------------------------------------------------------
     def close(self) -> None:
         """Stop every worker and free shared memory. Idempotent; iteration ends."""
+        if self._device_stage is not None:
+            self._device_stage.reset()
         for run in list(self._runs):
             run.close()
         if self._persistent is not None:
@@ -520,6 +547,7 @@ class _Pool:
         self.num_workers = loader.num_workers
         self.worker_type = loader.worker_type
         self.context = loader.multiprocessing_context
+        self.pinner = loader._slot_pinner
         self.dead = False
         self.seq = 0  # next task number; grows across epochs
         self._holder: list[Any] = []  # the executor, once started
@@ -549,7 +577,7 @@ class _Pool:
             if self.worker_type == "thread":
                 ex: Any = ThreadExecutor(self.spec, self.num_workers)
             else:
-                ex = ProcessExecutor(self.spec, self.num_workers, self.context)
+                ex = ProcessExecutor(self.spec, self.num_workers, self.context, pinner=self.pinner)
             self._holder.append(ex)
         return self._holder[0]
 
@@ -640,7 +668,7 @@ class _Run(Generic[T]):
         self.recovery = Recovery(loader.max_worker_restarts, can_reissue=not loader._iterable)
         self.samples_seen = 0
         self.failed = 0
-        self.pin = _pinner(loader)
+        self.pin = loader._slot_pinner
         self.to_numpy = loader.output == "numpy" and not loader._default_collate
 
     # -- iterator protocol --------------------------------------------------
@@ -904,9 +932,9 @@ def _pinner(loader: DataLoader[Any]) -> Callable[[Any], Any] | None:
         warnings.warn("'pin_memory' argument is set as true but no accelerator is found, then device "
                       "pinned memory won't be used.", stacklevel=4)
         return None
-    from .device import pin
+    from .device import SlotPinner
 
-    return pin
+    return SlotPinner()
 
 
 if sys.version_info < (3, 11):  # pragma: no cover

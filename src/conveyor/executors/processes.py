@@ -54,7 +54,7 @@ class ProcessExecutor:
     kind = "process"
 
     def __init__(self, spec: WorkerSpec, num_workers: int, context: Any = None,
-                 *, start_timeout: float = 120.0, wait_ready: bool = False) -> None:
+                 *, start_timeout: float = 120.0, wait_ready: bool = False, pinner: Any = None) -> None:
         if context is None:
             context = mp.get_context()
         elif isinstance(context, str):
@@ -65,7 +65,7 @@ class ProcessExecutor:
         self.num_workers = num_workers
         self.ledger = Ledger(num_workers)
         self.prefix = transport.new_prefix() if transport.available() else ""
-        self.views = transport.Views()
+        self.views = transport.Views(pinner)
         self.workers: list[_Worker | None] = [None] * num_workers
         self.gens = [0] * num_workers
         self.closed = False

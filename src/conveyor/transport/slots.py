@@ -167,7 +167,8 @@ class Writer:
 class Views:
     """Main-side mapping of worker slots, with release-on-garbage-collection."""
 
-    def __init__(self) -> None:
+    def __init__(self, pinner: Any = None) -> None:
+        self.pinner = pinner  # registers each mapped slot with CUDA once (pin_memory=True)
         self.segments: dict[tuple[int, int, int], Segment] = {}  # (worker, gen, slot) -> segment
         self.freed: collections.deque[tuple[int, int, int]] = collections.deque()
         self.closed = False
@@ -177,6 +178,8 @@ class Views:
         if seg is None:
             seg = Segment.attach(name)
             self.segments[key] = seg
+            if self.pinner is not None:
+                self.pinner.register(seg)
         arr = np.frombuffer(seg.buf, dtype=np.uint8)
         weakref.finalize(arr, self.freed.append, key)
         return arr
@@ -192,16 +195,21 @@ class Views:
         for i in ids:
             seg = self.segments.pop((worker, gen, i), None)
             if seg is not None:
-                seg.close()
+                self._unmap(seg, sync=False)
 
     def forget_worker(self, worker: int, gen: int) -> None:
         for key in [k for k in self.segments if k[0] == worker and k[1] == gen]:
-            self.segments.pop(key).close()
+            self._unmap(self.segments.pop(key), sync=True)
+
+    def _unmap(self, seg: Segment, *, sync: bool) -> None:
+        if self.pinner is not None:
+            self.pinner.unregister(seg, sync=sync)
+        seg.close()  # stays mapped while the user still holds views
 
     def close(self) -> None:
         self.closed = True
         for seg in self.segments.values():
-            seg.close()  # stays mapped while the user still holds views
+            self._unmap(seg, sync=True)
         self.segments.clear()
 
 
