@@ -111,10 +111,14 @@ def tree_pss() -> dict[str, int]:
     return {"pss": total, "pss_anon": anon}
 
 
-def run_one(kind: str, workers: int, n: int, batch_size: int, freeze: bool) -> dict[str, Any]:
+def run_one(kind: str, workers: int, n: int, batch_size: int, freeze: bool, which: str = "torch") -> dict[str, Any]:
     """One configuration, in this (fresh) process."""
     import numpy as np
-    from torch.utils.data import DataLoader
+
+    if which == "conveyor":
+        from conveyor import DataLoader
+    else:
+        from torch.utils.data import DataLoader
 
     from conveyor.datasets import StringArray
 
@@ -138,6 +142,7 @@ def run_one(kind: str, workers: int, n: int, batch_size: int, freeze: bool) -> d
         num_workers=workers,
         persistent_workers=workers > 0,
         multiprocessing_context="fork" if workers else None,
+        **({"adaptive": False} if which == "conveyor" else {}),
     )
     start = time.perf_counter()
     total = 0
@@ -158,12 +163,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n", type=int, default=2_000_000)
     parser.add_argument("--batch-size", type=int, default=1024)
-    parser.add_argument("--one", nargs=3, metavar=("KIND", "WORKERS", "FREEZE"), help=argparse.SUPPRESS)
+    parser.add_argument("--one", nargs=4, metavar=("KIND", "WORKERS", "FREEZE", "LOADER"), help=argparse.SUPPRESS)
     args = parser.parse_args()
 
     if args.one:
-        kind, workers, freeze = args.one
-        print(json.dumps(run_one(kind, int(workers), args.n, args.batch_size, freeze == "1")))
+        kind, workers, freeze, which = args.one
+        print(json.dumps(run_one(kind, int(workers), args.n, args.batch_size, freeze == "1", which)))
         return
 
     paths = make_paths(args.n)
@@ -174,12 +179,13 @@ def main() -> None:
     del paths
 
     rows = []
-    for freeze in (False, True):
+    # conveyor's process workers freeze the collector's objects before forking by themselves
+    for which, freeze in (("torch", False), ("torch", True), ("conveyor", False)):
         for kind in KINDS:
             run = {}
             for workers in (0, 2):
                 cmd = [sys.executable, __file__, "--n", str(args.n), "--batch-size", str(args.batch_size)]
-                cmd += ["--one", kind, str(workers), "1" if freeze else "0"]
+                cmd += ["--one", kind, str(workers), "1" if freeze else "0", which]
                 out = subprocess.run(cmd, capture_output=True, text=True, check=True)
                 run[workers] = json.loads(out.stdout.strip().splitlines()[-1])
             extra_anon = run[2]["pss_anon"] - run[0]["pss_anon"]
@@ -187,6 +193,7 @@ def main() -> None:
             rows.append(
                 {
                     "dataset": kind,
+                    "loader": which,
                     "gc_freeze": freeze,
                     "pss_anon_0_workers_mib": round(run[0]["pss_anon"] / 2**20, 1),
                     "pss_anon_2_workers_mib": round(run[2]["pss_anon"] / 2**20, 1),
@@ -212,11 +219,11 @@ def main() -> None:
     RESULTS.write_text(json.dumps(result, indent=2) + "\n")
 
     print(f"{args.n:,} paths: Python list {size / 2**20:.1f} MiB, StringArray buffers {buffers / 2**20:.1f} MiB\n")
-    print("| dataset | gc.freeze | anon PSS 0w / 2w (MiB) | extra anon PSS (MiB) | extra, % of list | extra total PSS, % of list | epoch 0w / 2w (s) |")
-    print("|---|---|---:|---:|---:|---:|---:|")
+    print("| loader | dataset | gc.freeze | anon PSS 0w / 2w (MiB) | extra anon PSS (MiB) | extra, % of list | extra total PSS, % of list | epoch 0w / 2w (s) |")
+    print("|---|---|---|---:|---:|---:|---:|---:|")
     for r in rows:
         print(
-            f"| {r['dataset']} | {'yes' if r['gc_freeze'] else 'no'} "
+            f"| {r['loader']} | {r['dataset']} | {'yes' if r['gc_freeze'] or r['loader'] == 'conveyor' else 'no'} "
             f"| {r['pss_anon_0_workers_mib']:.1f} / {r['pss_anon_2_workers_mib']:.1f} | {r['extra_pss_anon_mib']:.1f} "
             f"| {r['extra_pss_anon_pct_of_list']:.1f}% | {r['extra_pss_total_pct_of_list']:.1f}% "
             f"| {r['epoch_s_0_workers']:.1f} / {r['epoch_s_2_workers']:.1f} |"

@@ -9,6 +9,7 @@ slots freed by the garbage collector ride back on the next order.
 
 from __future__ import annotations
 
+import gc
 import multiprocessing as mp
 import os
 import signal
@@ -92,6 +93,12 @@ class ProcessExecutor:
             name=f"conveyor-worker-{w}",
             daemon=True,
         )
+        # A forked child that runs the garbage collector writes to the header of every
+        # object it scans, copying the parent's pages one by one; frozen objects are
+        # never scanned there, so the dataset's Python objects stay shared.
+        freeze = self.method == "fork" and hasattr(gc, "freeze")
+        if freeze:
+            gc.freeze()
         try:
             proc.start()
         except Exception as exc:
@@ -101,6 +108,9 @@ class ProcessExecutor:
                              "dataset, collate_fn and worker_init_fn: each must be picklable "
                              "(defined at module level, not a lambda or a local function).")
             raise
+        finally:
+            if freeze:
+                gc.unfreeze()
         task_r.close()
         res_w.close()
         return _Worker(proc, task_w, res_r, gen)
