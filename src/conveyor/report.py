@@ -70,6 +70,10 @@ def _n_workers(snap: dict[str, Any]) -> int:
     return len([w for w in snap.get("workers", {}) if int(w) >= 0])
 
 
+def _workers(n: int) -> str:
+    return "1 worker" if n == 1 else f"{n} workers"
+
+
 def _pct(x: float) -> str:
     return f"{round(x * 100)}%"
 
@@ -105,9 +109,9 @@ def report(snap: dict[str, Any], cores: int | None = None) -> str:
                          f"fetch_threads={min(64, math.ceil(need / per))} with num_workers={per} would hide it")
         elif need > nw:
             if need <= cores:
-                parts.append(f"{head}; {need} workers would hide it")
+                parts.append(f"{head}; {_workers(need)} would hide it")
             else:
-                parts.append(f"{head}; {need} workers would hide it, but only {cores} cores are free for "
+                parts.append(f"{head}; {_workers(need)} would hide it, but only {cores} cores are free for "
                              f"workers: use num_workers={cores}, and fetch_threads if fetches wait on storage, "
                              "or make each sample cheaper")
         else:
@@ -115,7 +119,7 @@ def report(snap: dict[str, Any], cores: int | None = None) -> str:
                          f"{mean * 1e3:.1f} ms, a step {float(snap.get('step_per_batch_s') or 0) * 1e3:.1f} ms): "
                          "the time goes to handing batches over; raise prefetch_factor or batch_size")
     elif wf >= HIDDEN:
-        extra = f"; {need} workers would hide the rest" if need is not None and need > nw else ""
+        extra = f"; {_workers(need)} would hide the rest" if need is not None and need > nw else ""
         parts.append(f"loading is mostly hidden: the consumer waited {_pct(wf)} of the time{extra}")
     else:
         busy = [w.get("busy_fraction") for k, w in snap.get("workers", {}).items()

@@ -1,0 +1,123 @@
+"""The ``conveyor`` command: --help, demo, tune (subprocesses with timeouts) and the numpy fallback."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conveyor import cli
+
+SRC = str(Path(cli.__file__).resolve().parents[1])
+
+
+def conveyor(*args: str, cwd: Path, timeout: float) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (SRC, str(cwd), env.get("PYTHONPATH", "")) if p)
+    env["MPLBACKEND"] = "Agg"
+    return subprocess.run([sys.executable, "-m", "conveyor", *args], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+@pytest.mark.timeout(60)
+def test_help_explains_both_commands(tmp_path: Path) -> None:
+    out = conveyor("--help", cwd=tmp_path, timeout=50)
+    assert out.returncode == 0, out.stderr
+    assert "demo" in out.stdout and "tune" in out.stdout and "MODULE:FACTORY" in out.stdout
+    for command, words in (("demo", ["--workers", "--epochs", "--out", "--quick"]),
+                           ("tune", ["--batch-size", "--workers", "--fetch-threads", "--batches"])):
+        sub = conveyor(command, "--help", cwd=tmp_path, timeout=50)
+        assert sub.returncode == 0, sub.stderr
+        for w in words:
+            assert w in sub.stdout
+
+
+def test_parser_rejects_bad_lists() -> None:
+    with pytest.raises(SystemExit):
+        cli.main(["demo", "--workers", "0,x"])
+    with pytest.raises(SystemExit):
+        cli.main(["tune", "m:f", "--batch-size", "4", "--fetch-threads", "0"])
+
+
+@pytest.mark.timeout(300)
+def test_demo_quick_writes_the_trace(tmp_path: Path) -> None:
+    out_dir = tmp_path / "demo-out"
+    out = conveyor("demo", "--quick", "--workers", "0,1", "--epochs", "1", "--out", str(out_dir),
+                   cwd=tmp_path, timeout=280)
+    assert out.returncode == 0, out.stdout + out.stderr
+    text = out.stdout
+    assert "samples/s" in text and "wait %" in text
+    assert "auto:" in text
+    assert "where time went" in text
+    rows = [line.split() for line in text.splitlines() if line.split()[:1] in (["torch"], ["conveyor"])
+            and len(line.split()) == 5]
+    assert {(r[0], r[1]) for r in rows} >= {("conveyor", "0"), ("conveyor", "1")}
+    doc = json.loads((out_dir / "trace.json").read_text())
+    assert any(e["ph"] == "X" and e["name"] == "fetch" for e in doc["traceEvents"])
+    assert any(e["ph"] == "X" and e["name"] == "step" for e in doc["traceEvents"])
+
+
+@pytest.mark.timeout(300)
+def test_tune_sweeps_a_user_factory(tmp_path: Path) -> None:
+    (tmp_path / "userdata.py").write_text(textwrap.dedent('''
+        import numpy as np
+
+        class Squares:
+            def __len__(self):
+                return 64
+
+            def __getitem__(self, i):
+                return np.full(3, i * i, dtype=np.int64)
+
+        def make():
+            return Squares()
+    '''))
+    out = conveyor("tune", "userdata:make", "--batch-size", "8", "--workers", "0,1", "--fetch-threads", "1,2",
+                   "--batches", "12", "--output", "numpy", cwd=tmp_path, timeout=280)
+    assert out.returncode == 0, out.stdout + out.stderr
+    lines = out.stdout.splitlines()
+    table = [line.split() for line in lines if line.split()[:1] in (["0"], ["1"])]
+    assert {(r[0], r[1]) for r in table} == {("0", "1"), ("0", "2"), ("1", "1"), ("1", "2")}
+    assert "from conveyor import DataLoader" in out.stdout
+    snippet = next(line for line in lines if "DataLoader(dataset," in line)
+    assert "batch_size=8" in snippet and "num_workers=" in snippet
+
+
+@pytest.mark.timeout(60)
+def test_tune_names_a_missing_factory(tmp_path: Path) -> None:
+    out = conveyor("tune", "nosuchmodule_xyz:make", "--batch-size", "4", cwd=tmp_path, timeout=50)
+    assert out.returncode != 0 and "cannot import 'nosuchmodule_xyz'" in out.stderr
+
+
+def test_builtin_data_is_deterministic_and_seed_shaped() -> None:
+    x1, y1 = cli.make_diabetes()
+    x2, y2 = cli.make_diabetes()
+    assert x1.shape == (759, 8) and y1.shape == (759, 1) and x1.dtype == np.float32
+    assert np.array_equal(x1, x2) and np.array_equal(y1, y2)
+    assert set(np.unique(y1)) == {0.0, 1.0}
+
+
+def test_numpy_mlp_learns() -> None:
+    x, y = cli.make_diabetes()
+    step = cli._numpy_step()
+    first = [step(x[i:i + 32], y[i:i + 32]) for i in range(0, 759, 32)]
+    for _ in range(30):
+        last = [step(x[i:i + 32], y[i:i + 32]) for i in range(0, 759, 32)]
+    assert np.mean(last) < np.mean(first)
+
+
+@pytest.mark.timeout(120)
+def test_demo_without_torch_uses_numpy(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+                                       capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setattr(cli._torch, "available", lambda: False)
+    assert cli.main(["demo", "--workers", "0", "--epochs", "1", "--out", str(tmp_path)]) == 0
+    text = capsys.readouterr().out
+    assert "torch is not installed" in text
+    assert not any(line.startswith("torch ") for line in text.splitlines())
+    assert (tmp_path / "trace.json").exists()
