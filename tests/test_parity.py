@@ -1,0 +1,452 @@
+"""Torch parity: the same arguments give the same batches and the same errors.
+
+Every case runs ``torch.utils.data.DataLoader`` and ``conveyor.DataLoader``
+with the same settings and compares every batch (values, dtypes, container
+types) and ``len()``.
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import multiprocessing as mp
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+import torch.utils.data as tud
+
+import conveyor
+from helpers import (
+    Boxes,
+    GetItems,
+    Mixed,
+    Random,
+    Squares,
+    Stream,
+    boxes_collate,
+    WORKERS,
+    init_record,
+    key,
+    same,
+    same_epochs,
+)
+
+Factory = Callable[[], dict[str, Any]]
+
+
+LIMIT = 200  # a loader that never stops fails on the batch count instead of hanging
+
+
+def epochs(loader: Any, n: int = 1) -> list[list[Any]]:
+    return [list(itertools.islice(loader, LIMIT)) for _ in range(n)]
+
+
+def both(make: Callable[[], Any], kw: Factory, *, n: int = 1, seed: int | None = None,
+         extra: dict[str, Any] | None = None) -> tuple[list[list[Any]], list[list[Any]]]:
+    """Run torch's and conveyor's loaders on fresh datasets and arguments; the epochs of each."""
+    out = []
+    for cls, more in ((tud.DataLoader, {}), (conveyor.DataLoader, extra or {})):
+        if seed is not None:
+            torch.manual_seed(seed)
+        loader = cls(make(), **kw(), **more)
+        length = len(loader)
+        got = epochs(loader, n)
+        if hasattr(loader, "close"):
+            loader.close()
+        out.append((length, got))
+    (tl, tb), (cl, cb) = out
+    assert cl == tl, f"len(): conveyor {cl} != torch {tl}"
+    for e, (t, c) in enumerate(zip(tb, cb)):
+        assert len(c) == len(t), f"epoch {e}: conveyor {len(c)} batches, torch {len(t)}"
+        same_epochs(c, t)
+    return tb, cb
+
+
+def gen(seed: int = 7) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+# --------------------------------------------------------------------------- batching
+
+
+CASES: dict[str, tuple[Callable[[], Any], Factory]] = {
+    "bs1": (Squares, lambda: {}),
+    "bs5": (Squares, lambda: {"batch_size": 5}),
+    "bs5_drop_last": (Squares, lambda: {"batch_size": 5, "drop_last": True}),
+    "bs_none": (Squares, lambda: {"batch_size": None}),
+    "bs_none_mixed": (Mixed, lambda: {"batch_size": None}),
+    "mixed": (Mixed, lambda: {"batch_size": 4}),
+    "mixed_drop_last": (Mixed, lambda: {"batch_size": 4, "drop_last": True}),
+    "getitems": (GetItems, lambda: {"batch_size": 6}),
+    "boxes": (Boxes, lambda: {"batch_size": 5, "collate_fn": boxes_collate}),
+    "shuffle_generator": (Squares, lambda: {"batch_size": 4, "shuffle": True, "generator": gen()}),
+    "shuffle_generator_drop": (Squares, lambda: {"batch_size": 4, "shuffle": True, "drop_last": True,
+                                                 "generator": gen(3)}),
+    "torch_random_sampler": (Squares, lambda: {"batch_size": 3, "sampler": tud.RandomSampler(range(23), generator=gen())}),
+    "torch_subset_sampler": (Squares, lambda: {"batch_size": 2, "sampler": tud.SubsetRandomSampler([1, 4, 9, 16, 22], generator=gen())}),
+    "torch_weighted_sampler": (Squares, lambda: {"batch_size": 4, "sampler": tud.WeightedRandomSampler(
+        [0.1 * i + 0.1 for i in range(23)], 15, generator=gen())}),
+    "torch_batch_sampler": (Squares, lambda: {"batch_sampler": tud.BatchSampler(
+        tud.RandomSampler(range(23), generator=gen()), 4, drop_last=False)}),
+    "list_batch_sampler": (Squares, lambda: {"batch_sampler": [[3, 1], [0], [22, 5, 6]]}),
+    "list_sampler": (Squares, lambda: {"batch_size": 2, "sampler": [5, 3, 1, 0, 2]}),
+    "tensor_dataset": (lambda: tud.TensorDataset(torch.arange(30).view(15, 2), torch.arange(15.0)),
+                       lambda: {"batch_size": 4}),
+    "subset": (lambda: tud.Subset(Squares(), [5, 1, 7, 3, 20]), lambda: {"batch_size": 2}),
+    "concat": (lambda: tud.ConcatDataset([Squares(5), tud.TensorDataset(torch.ones(4, 2), torch.arange(4))]),
+               lambda: {"batch_size": 3}),
+}
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.parametrize("workers", [0, 2])
+def test_batches(case: str, workers: int) -> None:
+    make, kw = CASES[case]
+    both(make, lambda: {**kw(), "num_workers": workers})
+
+
+CONVEYOR_SAMPLERS: dict[str, tuple[Callable[[], Any], Callable[[], Any]]] = {
+    "sequential": (lambda: conveyor.SequentialSampler(range(23)), lambda: tud.SequentialSampler(range(23))),
+    "random": (lambda: conveyor.RandomSampler(range(23), generator=gen()),
+               lambda: tud.RandomSampler(range(23), generator=gen())),
+    "random_replacement": (lambda: conveyor.RandomSampler(range(23), replacement=True, num_samples=9, generator=gen()),
+                           lambda: tud.RandomSampler(range(23), replacement=True, num_samples=9, generator=gen())),
+    "subset": (lambda: conveyor.SubsetRandomSampler([2, 4, 8, 16], generator=gen()),
+               lambda: tud.SubsetRandomSampler([2, 4, 8, 16], generator=gen())),
+}
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("name", sorted(CONVEYOR_SAMPLERS))
+def test_conveyor_samplers(name: str) -> None:
+    mine, theirs = CONVEYOR_SAMPLERS[name]
+    t = list(tud.DataLoader(Squares(), batch_size=3, sampler=theirs()))
+    c = list(conveyor.DataLoader(Squares(), batch_size=3, sampler=mine()))
+    same_epochs(c, t)
+    tb = list(tud.DataLoader(Squares(), batch_sampler=tud.BatchSampler(theirs(), 4, True)))
+    cb = list(conveyor.DataLoader(Squares(), batch_sampler=conveyor.BatchSampler(mine(), 4, True)))
+    same_epochs(cb, tb)
+
+
+# --------------------------------------------------------------------------- executors
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("workers", [0, 1, 2])
+@pytest.mark.parametrize("worker_type", ["process", "thread"])
+def test_worker_counts_and_types(workers: int, worker_type: str) -> None:
+    kw = lambda: {"batch_size": 3, "shuffle": True, "generator": gen(11), "num_workers": workers}  # noqa: E731
+    both(Mixed, kw, n=2, extra={"worker_type": worker_type})
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("case", ["mixed", "boxes"])
+def test_spawn(case: str) -> None:
+    make, kw = CASES[case]
+    # torch with fork (fast) is the reference; conveyor spawns its workers
+    t = list(tud.DataLoader(make(), **kw(), num_workers=2))
+    with conveyor.DataLoader(make(), **kw(), num_workers=2, multiprocessing_context="spawn") as c:
+        same_epochs(list(c), t)
+
+
+@pytest.mark.timeout(30)
+def test_fork_context_object() -> None:
+    kw = lambda: {"batch_size": 4, "num_workers": 2, "multiprocessing_context": mp.get_context("fork")}  # noqa: E731
+    both(Squares, kw)
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("worker_type", ["process", "thread"])
+def test_persistent_workers(worker_type: str) -> None:
+    kw = lambda: {"batch_size": 4, "shuffle": True, "generator": gen(5), "num_workers": 2,  # noqa: E731
+                  "persistent_workers": True}
+    both(Squares, kw, n=3, extra={"worker_type": worker_type})
+
+
+@pytest.mark.timeout(30)
+def test_shuffle_with_manual_seed() -> None:
+    kw = lambda: {"batch_size": 4, "shuffle": True}  # noqa: E731
+    both(Squares, kw, n=2, seed=1234)
+    kw2 = lambda: {"batch_size": 4, "shuffle": True, "num_workers": 2}  # noqa: E731
+    both(Squares, kw2, n=2, seed=99)
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("workers", [0, 2])
+def test_two_epochs_generator(workers: int) -> None:
+    kw = lambda: {"batch_size": 5, "shuffle": True, "generator": gen(21), "num_workers": workers}  # noqa: E731
+    tb, _ = both(Squares, kw, n=2)
+    assert key(tb[0]) != key(tb[1]), "the two epochs should be shuffled differently"
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("workers", [0, 2])
+def test_break_and_iterate_again(workers: int) -> None:
+    out = []
+    for cls in (tud.DataLoader, conveyor.DataLoader):
+        loader = cls(Squares(), batch_size=3, shuffle=True, generator=gen(8), num_workers=workers)
+        first = []
+        for i, b in enumerate(loader):
+            first.append(b)
+            if i == 2:
+                break
+        out.append((first, list(loader), list(loader)))
+        if hasattr(loader, "close"):
+            loader.close()
+    (t1, t2, t3), (c1, c2, c3) = out
+    same_epochs(c1, t1)
+    same_epochs(c2, t2)
+    same_epochs(c3, t3)
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("worker_type", ["process", "thread"])
+def test_in_order_false_same_multiset(worker_type: str) -> None:
+    t = list(tud.DataLoader(Squares(40), batch_size=3, num_workers=2))
+    with conveyor.DataLoader(Squares(40), batch_size=3, num_workers=2, in_order=False,
+                             worker_type=worker_type) as loader:
+        c = list(loader)
+    assert collections.Counter(map(key, c)) == collections.Counter(map(key, t))
+
+
+@pytest.mark.timeout(30)
+def test_worker_init_fn_one_worker() -> None:
+    kw = lambda: {"batch_size": 2, "num_workers": 1, "worker_init_fn": init_record}  # noqa: E731
+    both(Random, kw, seed=5)
+
+
+# --------------------------------------------------------------------------- iterable datasets
+
+
+@pytest.mark.timeout(10)  # a loader that never ends an epoch hangs inside next()
+@pytest.mark.parametrize("shard", ["none", "torch", "conveyor"])
+@pytest.mark.parametrize("workers", [0, 1, 2])
+@pytest.mark.parametrize("batch_size", [None, 3])
+def test_iterable(shard: str, workers: int, batch_size: int | None) -> None:
+    if shard == "conveyor":
+        # torch's workers do not publish conveyor's worker info: replicate torch with its own sharding
+        t = list(tud.DataLoader(Stream(11, "torch"), batch_size=batch_size, num_workers=workers))
+        with conveyor.DataLoader(Stream(11, "conveyor"), batch_size=batch_size, num_workers=workers) as c:
+            assert len(c) == len(tud.DataLoader(Stream(11), batch_size=batch_size))
+            same_epochs(epochs(c)[0], t)
+        return
+    both(lambda: Stream(11, shard), lambda: {"batch_size": batch_size, "num_workers": workers})
+
+
+@pytest.mark.timeout(30)
+def test_iterable_drop_last_two_epochs() -> None:
+    both(lambda: Stream(11, "torch"), lambda: {"batch_size": 2, "drop_last": True, "num_workers": 2}, n=2)
+
+
+@pytest.mark.timeout(30)
+def test_iterable_threads_sharded_with_conveyor_info() -> None:
+    t = list(tud.DataLoader(Stream(11, "torch"), batch_size=2, num_workers=2))
+    with conveyor.DataLoader(Stream(11, "conveyor"), batch_size=2, num_workers=2, worker_type="thread") as c:
+        same_epochs(epochs(c)[0], t)
+
+
+# --------------------------------------------------------------------------- errors
+
+
+def _dead_ctx() -> Any:
+    return object()
+
+
+BAD: dict[str, Callable[[], dict[str, Any]]] = {
+    "shuffle_and_sampler": lambda: {"dataset": Squares(), "shuffle": True, "sampler": [0, 1]},
+    "batch_sampler_and_batch_size": lambda: {"dataset": Squares(), "batch_size": 3, "batch_sampler": [[0, 1]]},
+    "batch_sampler_and_shuffle": lambda: {"dataset": Squares(), "shuffle": True, "batch_sampler": [[0, 1]]},
+    "batch_sampler_and_sampler": lambda: {"dataset": Squares(), "sampler": [0], "batch_sampler": [[0, 1]]},
+    "batch_sampler_and_drop_last": lambda: {"dataset": Squares(), "drop_last": True, "batch_sampler": [[0, 1]]},
+    "batch_size_none_drop_last": lambda: {"dataset": Squares(), "batch_size": None, "drop_last": True},
+    "negative_workers": lambda: {"dataset": Squares(), "num_workers": -1},
+    "negative_timeout": lambda: {"dataset": Squares(), "timeout": -1},
+    "prefetch_without_workers": lambda: {"dataset": Squares(), "prefetch_factor": 2},
+    "persistent_without_workers": lambda: {"dataset": Squares(), "persistent_workers": True},
+    "bad_context_string": lambda: {"dataset": Squares(), "num_workers": 1, "multiprocessing_context": "nope"},
+    "bad_context_object": lambda: {"dataset": Squares(), "num_workers": 1, "multiprocessing_context": _dead_ctx()},
+    "context_without_workers": lambda: {"dataset": Squares(), "multiprocessing_context": "fork"},
+    "iterable_shuffle": lambda: {"dataset": Stream(), "shuffle": True},
+    "iterable_sampler": lambda: {"dataset": Stream(), "sampler": [0, 1]},
+    "iterable_batch_sampler": lambda: {"dataset": Stream(), "batch_sampler": [[0, 1]]},
+}
+
+
+def _error_of(fn: Callable[[], Any]) -> type[BaseException] | None:
+    try:
+        fn()
+    except Exception as exc:
+        return type(exc)
+    return None
+
+
+@pytest.mark.parametrize("case", sorted(BAD))
+def test_bad_arguments_raise_like_torch(case: str) -> None:
+    theirs = _error_of(lambda: tud.DataLoader(**BAD[case]()))
+    assert theirs is not None, f"torch accepted {case}"
+    mine = _error_of(lambda: conveyor.DataLoader(**BAD[case]()))
+    assert mine is theirs, f"{case}: conveyor raised {mine}, torch raised {theirs}"
+
+
+@pytest.mark.parametrize("attr,value", [("batch_size", 4), ("sampler", [0]), ("batch_sampler", [[0]]),
+                                        ("drop_last", True), ("dataset", [1, 2])])
+def test_setting_frozen_attribute_after_init(attr: str, value: Any) -> None:
+    t = tud.DataLoader(Squares(), batch_size=2)
+    c = conveyor.DataLoader(Squares(), batch_size=2)
+    theirs = _error_of(lambda: setattr(t, attr, value))
+    mine = _error_of(lambda: setattr(c, attr, value))
+    assert theirs is not None
+    assert mine is theirs
+
+
+# --------------------------------------------------------------------------- per-worker seeding
+
+
+def _seed_of(worker_id: int) -> None:
+    info = torch.utils.data.get_worker_info()
+    assert info is not None
+    # torch's worker seed is base_seed + worker_id; both loaders draw base_seed the same way
+    assert torch.initial_seed() == info.seed
+
+
+def _seeds(cls: Any, seed: int) -> list[int]:
+    torch.manual_seed(seed)
+    loader = cls(_WorkerSeed(4), batch_size=1, num_workers=2, worker_init_fn=_seed_of)
+    got = sorted({int(b[1][0]) for b in loader})
+    if hasattr(loader, "close"):
+        loader.close()
+    return got
+
+
+class _WorkerSeed(tud.Dataset):
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> tuple[int, int]:
+        return i, torch.initial_seed()
+
+
+@pytest.mark.timeout(30)
+def test_worker_seeds_match_torch() -> None:
+    assert _seeds(conveyor.DataLoader, 42) == _seeds(tud.DataLoader, 42)
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("batch_size", [1, 3])
+def test_random_in_getitem_matches_torch_two_workers(batch_size: int) -> None:
+    """No seed given: torch.randint in __getitem__ gives torch's values for the same manual_seed.
+
+    Torch hands map-style batches to its workers in strict round robin; values match only when
+    conveyor hands batch k to worker k % num_workers and each worker fetches its batches in order.
+    """
+    both(lambda: Random(16), lambda: {"batch_size": batch_size, "num_workers": 2}, seed=2024)
+
+
+class _RandomWithWorker(tud.Dataset):
+    def __len__(self) -> int:
+        return 16
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        info = torch.utils.data.get_worker_info()
+        assert info is not None, "sample fetched outside a worker"
+        return torch.cat([torch.randint(0, 2**30, (2,)), torch.tensor([info.id, info.seed])])
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("batch_size", [1, 3])
+def test_each_worker_draws_torchs_stream(batch_size: int) -> None:
+    """What conveyor promises: worker w is seeded base_seed + w as torch, and its samples draw its
+    stream in order, whichever batches it is handed."""
+    torch.manual_seed(2024)
+    with conveyor.DataLoader(_RandomWithWorker(), batch_size=batch_size, num_workers=2, **WORKERS) as loader:
+        rows = [r for b in loader for r in b.tolist()]
+    assert len(rows) == 16
+    by_worker: dict[tuple[int, int], list[list[int]]] = {}
+    for a, b, wid, seed in rows:
+        by_worker.setdefault((wid, seed), []).append([a, b])
+    for (wid, seed), values in by_worker.items():
+        torch.manual_seed(seed)
+        assert values == [torch.randint(0, 2**30, (2,)).tolist() for _ in values], f"worker {wid}"
+    torch.manual_seed(2024)
+    assert sorted(_seeds(tud.DataLoader, 2024)) == sorted({seed for _, seed in by_worker})
+
+
+# --------------------------------------------------------------------------- the seed's training loop
+
+
+class DiabetesDataset(tud.Dataset):
+    """The seed's dataset, unchanged apart from its CSV path."""
+
+    def __init__(self, filepath: str) -> None:
+        xy = np.loadtxt(filepath, delimiter=",", dtype=np.float32)
+        self.len = xy.shape[0]
+        self.x_data = torch.from_numpy(xy[:, :-1])
+        self.y_data = torch.from_numpy(xy[:, [-1]])
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.x_data[index], self.y_data[index]
+
+    def __len__(self) -> int:
+        return self.len
+
+
+class Model(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear1 = torch.nn.Linear(8, 6)
+        self.linear2 = torch.nn.Linear(6, 4)
+        self.linear3 = torch.nn.Linear(4, 1)
+        self.sigmoid = torch.nn.Sigmoid()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.sigmoid(self.linear1(x))
+        x = self.sigmoid(self.linear2(x))
+        x = self.sigmoid(self.linear3(x))
+        return x
+
+
+def _train(loader_cls: Any, csv: str, workers: int) -> list[float]:
+    torch.manual_seed(0)
+    dataset = DiabetesDataset(csv)
+    train_loader = loader_cls(dataset=dataset, batch_size=32, shuffle=True, num_workers=workers)
+    model = Model()
+    criterion = torch.nn.BCELoss(reduction="mean")
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    losses = []
+    for epoch in range(3):
+        for i, data in enumerate(train_loader):
+            x, y = data
+            y_pre = model.forward(x)
+            loss = criterion(y_pre, y)
+            losses.append(loss.item())
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+    return losses
+
+
+@pytest.fixture(scope="module")
+def diabetes_csv(tmp_path_factory: pytest.TempPathFactory) -> str:
+    rs = np.random.RandomState(0)
+    x = rs.uniform(-1, 1, size=(200, 8)).astype(np.float32)
+    y = (x[:, 0] + 0.5 * x[:, 1] > 0).astype(np.float32)
+    path = Path(tmp_path_factory.mktemp("diabetes")) / "diabetes.csv"
+    np.savetxt(path, np.column_stack([x, y]), delimiter=",", fmt="%.6f")
+    return str(path)
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("workers", [0, 2])
+def test_diabetes_training_loop(diabetes_csv: str, workers: int) -> None:
+    theirs = _train(tud.DataLoader, diabetes_csv, workers)
+    mine = _train(conveyor.DataLoader, diabetes_csv, workers)
+    assert len(mine) == len(theirs) == 3 * 7
+    assert mine == theirs
