@@ -14,6 +14,7 @@ module only decides what to ask for, and when.
 from __future__ import annotations
 
 import base64
+import dataclasses
 import itertools
 import math
 import os
@@ -135,7 +136,7 @@ class DataLoader(Generic[T]):
         shuffle: bool | None = None,
         sampler: Sampler[Any] | Iterable[Any] | None = None,
         batch_sampler: Sampler[list[int]] | Iterable[list[int]] | None = None,
-        num_workers: int = 0,
+        num_workers: int | str = 0,
         collate_fn: Callable[[list[Any]], Any] | None = None,
         pin_memory: bool = False,
         drop_last: bool = False,
@@ -144,14 +145,14 @@ class DataLoader(Generic[T]):
         multiprocessing_context: Any = None,
         generator: Any = None,
         *,
-        prefetch_factor: int | None = None,
+        prefetch_factor: int | str | None = None,
         persistent_workers: bool = False,
         pin_memory_device: str = "",
         in_order: bool = True,
         worker_type: str = "process",
         output: str | None = None,
         seed: int | None = None,
-        fetch_threads: int = 1,
+        fetch_threads: int | str = 1,
         on_error: str = "raise",
         max_failures: int | float = 0,
         max_worker_restarts: int = 3,
@@ -161,6 +162,16 @@ class DataLoader(Generic[T]):
         device_depth: int = 2,
     ) -> None:
         self._initialized = False
+        auto = {"num_workers": num_workers == "auto", "fetch_threads": fetch_threads == "auto",
+                "prefetch_factor": prefetch_factor == "auto"}
+        if auto["num_workers"]:
+            num_workers = _cores()  # the most the tuner may start; it begins with none
+        if auto["fetch_threads"]:
+            fetch_threads = 1
+        if auto["prefetch_factor"]:
+            if num_workers == 0:
+                raise ValueError("prefetch_factor='auto' needs num_workers > 0 or num_workers='auto'")
+            prefetch_factor = 2
         if not isinstance(num_workers, int) or isinstance(num_workers, bool):
             raise TypeError(f"num_workers option should be an int, but got num_workers={num_workers!r}")
         if num_workers < 0:
@@ -214,8 +225,13 @@ class DataLoader(Generic[T]):
         self.max_worker_restarts = max_worker_restarts
         self.adaptive = adaptive
         self.restart_hung = restart_hung
+        self._auto = auto if any(auto.values()) else None
 
         iterable = _is_iterable_dataset(dataset)
+        if iterable and self._auto is not None:
+            self._auto["num_workers"] = False  # replicas shard by worker count: it cannot change
+            if not any(self._auto.values()):
+                self._auto = None
         if iterable:
             if shuffle not in (False, None):
                 raise ValueError(f"DataLoader with IterableDataset: expected unspecified shuffle option, "
@@ -399,8 +415,27 @@ class DataLoader(Generic[T]):
         snap["fetch_threads"] = self.fetch_threads
         pool = self._persistent or (self._last_run.pool if self._last_run is not None else None)
         snap["main_process_batches"] = pool.inline_batches if pool is not None else 0
-        snap["workers_started"] = bool(pool is not None and pool.started and self.num_workers > 0)
+        snap["workers_started"] = bool(pool is not None and pool.launched)
+        if pool is not None:
+            snap["num_workers"] = pool.num_workers if pool.mode == "workers" else 0
+            snap["fetch_threads"] = pool.threads
+            snap["prefetch_factor"] = pool.prefetch if pool.num_workers else None
+            if pool.tuner is not None:
+                snap["tuning"] = pool.tuner.decision().to_dict()
         return snap
+
+    def tuning(self) -> dict[str, Any] | None:
+        """What ``"auto"`` settled on (num_workers, fetch_threads, prefetch_factor, reason, settled).
+
+        Pass those values instead of ``"auto"`` to pin them for a reproducible run.
+        """
+        return self.stats().get("tuning")
+
+    def report(self) -> str:
+        """One sentence on where the time goes and what to change."""
+        from .report import report
+
+        return report(self.stats())
 
     # -- checkpointing ------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -528,6 +563,14 @@ def _identity(x: Any) -> Any:
     return x
 
 
+def _cores() -> int:
+    """CPUs this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - macOS
+        return os.cpu_count() or 1
+
+
 def _is_stateless(sampler: Any) -> bool:
     inner = getattr(sampler, "sampler", sampler)
     return type(inner).__name__ == "SequentialSampler"
@@ -545,6 +588,17 @@ class _Pool:
         self.spec = loader._spec(base_seed)
         self.base_seed = base_seed
         self.num_workers = loader.num_workers
+        self.threads = loader.fetch_threads
+        pf = loader.prefetch_factor
+        self.prefetch = 2 if pf is None else max(1, pf)
+        self.auto = loader._auto
+        self.tuner: Any = None
+        if self.auto is not None:
+            from .tuning import Tuner
+
+            self.tuner = Tuner(cpu=_cores())
+            if self.auto["num_workers"]:
+                self.num_workers = 0
         self.worker_type = loader.worker_type
         self.context = loader.multiprocessing_context
         self.pinner = loader._slot_pinner
@@ -553,12 +607,14 @@ class _Pool:
         self._holder: list[Any] = []  # the executor, once started
         self._locals: list[Fetcher] = []  # the main process's fetcher, once used
         self._finalizer = weakref.finalize(self, _close_all, self._holder, self._locals)
-        self.adaptive = (loader.adaptive and self.num_workers > 0 and not loader._iterable
-                         and loader.worker_init_fn is None)
+        auto_workers = self.auto is not None and self.auto["num_workers"]
+        self.adaptive = auto_workers or (loader.adaptive and self.num_workers > 0 and not loader._iterable
+                                         and loader.worker_init_fn is None)
         self.mode = "probe" if self.adaptive else "workers"
         self.inline_costs: list[float] = []
         self.inline_batches = 0
-        if self.num_workers == 0:
+        self.launched = False  # workers were started at some point
+        if self.num_workers == 0 and not auto_workers:
             self._holder.append(InlineExecutor(self.spec))
 
     @classmethod
@@ -579,6 +635,7 @@ class _Pool:
             else:
                 ex = ProcessExecutor(self.spec, self.num_workers, self.context, pinner=self.pinner)
             self._holder.append(ex)
+            self.launched = True
         return self._holder[0]
 
     def serve_here(self) -> bool:
@@ -618,12 +675,67 @@ class _Pool:
         costs.append(cost)
         if len(costs) > 16:
             del costs[0]
-        if cost > 10 * INLINE_MAX_S:
+        if self.tuner is not None and self.auto is not None and self.auto["num_workers"]:
+            waits = result.cpu is not None and result.cpu < 0.5 * cost  # warm-up costs are CPU
+            if self.num_workers == 0 and cost > 10 * INLINE_MAX_S and (waits or min(costs[-2:]) > 10 * INLINE_MAX_S
+                                                                      and len(costs) >= 2):
+                self._jump_start(result, cost)
+            elif len(costs) >= 4 and self.mode == "probe":
+                typical = sorted(costs)[len(costs) // 2]
+                if typical <= INLINE_MAX_S:
+                    self.mode = "inline"
+                    self.tuner.pin({"num_workers": 0, "fetch_threads": self.threads, "prefetch_factor": None,
+                                    "reason": f"a batch costs {typical * 1e6:.0f} us in the main process, less "
+                                              "than a trip from a worker: no workers"})
+        elif cost > 10 * INLINE_MAX_S:
             self.mode = "workers"  # clearly worth a worker: do not probe further
         elif len(costs) >= 4:
             typical = sorted(costs)[len(costs) // 2]
             self.mode = "workers" if typical > INLINE_MAX_S else "inline"
         return result
+
+    # -- num_workers / fetch_threads / prefetch_factor = "auto" --------------
+    def _jump_start(self, result: Result, cost: float) -> None:
+        """A first batch this costly needs workers now; the tuner refines from there."""
+        cores = _cores()
+        threads = self.threads
+        if self.auto is not None and self.auto["fetch_threads"] and result.cpu is not None and cost > 0:
+            if result.cpu / cost < 0.5:  # mostly waiting on storage: threads hide it cheaply
+                threads = min(64, max(2, math.ceil(cost / max(result.cpu, 1e-4))))
+        self.apply(cores, threads, self.prefetch)
+
+    def retune(self, snap: dict[str, Any]) -> None:
+        tuner = self.tuner
+        if tuner is None or tuner.decision().settled and tuner._pinned is not None:
+            return
+        tuner.observe(snap)
+        d = tuner.decision()
+        auto = self.auto or {}
+        workers = d.num_workers if auto.get("num_workers") else self.num_workers
+        if auto.get("num_workers") and self.mode == "probe" and workers == 0:
+            return  # the main-process probe decides that
+        if auto.get("num_workers") and self.started and workers < self.num_workers:
+            workers = self.num_workers  # never stop workers mid-run: they cost nothing idle
+        threads = d.fetch_threads if auto.get("fetch_threads") else self.threads
+        prefetch = (d.prefetch_factor or 2) if auto.get("prefetch_factor") else self.prefetch
+        self.apply(workers, threads, prefetch)
+
+    def apply(self, workers: int, threads: int, prefetch: int) -> None:
+        if workers > 0 and self.mode != "workers" or workers > self.num_workers:
+            if not self.started:
+                self.num_workers = workers
+                self.spec = dataclasses.replace(self.spec, fetch_threads=threads, num_workers=workers)
+                self.threads = threads
+                self.mode = "workers"
+                _ = self.executor
+            else:
+                self.executor.grow(workers)
+                self.num_workers = workers
+                self.mode = "workers"
+        if threads != self.threads and self.started:
+            self.executor.set_threads(threads)
+            self.threads = threads
+        self.prefetch = max(1, prefetch)
 
     def close(self) -> None:
         self.dead = True
@@ -661,10 +773,6 @@ class _Run(Generic[T]):
         self.inflight: dict[int, tuple[int, Task]] = {}
         self.active = [True] * max(1, loader.num_workers)  # iterable datasets: replicas not yet exhausted
         self.rr = 0
-        inline = loader.num_workers == 0
-        self.per_worker = 1 if inline else max(1, loader.prefetch_factor or 2)
-        if loader.prefetch_factor == 0 and not inline:
-            self.per_worker = 1
         self.recovery = Recovery(loader.max_worker_restarts, can_reissue=not loader._iterable)
         self.samples_seen = 0
         self.failed = 0
@@ -689,6 +797,8 @@ class _Run(Generic[T]):
             raise
         self.yielded += 1
         self.stats.handed(asked, time.perf_counter(), size, len(self.reorder))
+        if self.pool.tuner is not None and self.yielded % 8 == 0:
+            self.pool.retune(self.loader.stats())
         return batch
 
     @property
@@ -740,7 +850,7 @@ class _Run(Generic[T]):
     def _take(self, r: Result) -> tuple[Any, int] | None:
         """The user's batch from a result, or None when there is nothing to hand out."""
         if r.start:
-            self.stats.result(r.worker, r.start, r.fetched, r.end)
+            self.stats.result(r.worker, r.start, r.fetched, r.end, cpu=r.cpu, nbytes=r.nbytes, rss=r.rss)
         if r.exhausted:
             if 0 <= r.worker < len(self.active):
                 self.active[r.worker] = False
@@ -790,7 +900,7 @@ class _Run(Generic[T]):
         if self.sampler_done:
             return
         n = ex.num_workers
-        cap = self.per_worker
+        cap = 1 if ex.kind == "inline" else self.pool.prefetch
         if ex.kind == "inline":
             if self.inflight or len(self.reorder):
                 return

@@ -42,6 +42,12 @@ class InlineExecutor:
                 saved.restore()
         return [self.fetcher.run(task)]
 
+    def set_threads(self, n: int) -> None:
+        self.fetcher.set_threads(n)
+
+    def grow(self, n: int) -> None:
+        pass
+
     def outstanding(self, worker: int) -> int:
         return len(self.queue)
 

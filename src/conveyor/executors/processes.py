@@ -261,6 +261,25 @@ class ProcessExecutor:
     def outstanding(self, worker: int) -> int:
         return self.ledger.count(worker)
 
+    def grow(self, n: int) -> None:
+        """Start more workers, up to ``n`` in all (they say hello in ``poll``)."""
+        while self.num_workers < n:
+            w = self.num_workers
+            self.workers.append(None)
+            self.gens.append(0)
+            self.ledger.held.append({})
+            self.num_workers += 1
+            self.workers[w] = self._spawn(w)
+
+    def set_threads(self, n: int) -> None:
+        """Every worker fetches ``n`` samples at once from now on."""
+        for wk in self.workers:
+            if wk is not None:
+                try:
+                    wk.tasks.send(Order(threads=n))
+                except (BrokenPipeError, OSError):
+                    pass
+
     def alive(self, worker: int) -> bool:
         wk = self.workers[worker]
         return wk is not None and wk.proc.is_alive()

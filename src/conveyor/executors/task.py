@@ -45,10 +45,14 @@ class Result:
     end: float = 0.0
     retired: tuple[int, ...] = ()  # slots the worker dropped from its pool
     warning: str | None = None
+    cpu: float | None = None  # CPU seconds the worker spent on it
+    nbytes: int | None = None  # bytes of array data in the batch
+    rss: int | None = None  # the worker's resident memory, now and then
 
     def __reduce__(self) -> tuple[Any, ...]:
         return Result, (self.seq, self.worker, self.batch, self.failure, self.exhausted, self.empty,
-                        self.skipped, self.start, self.fetched, self.end, self.retired, self.warning)
+                        self.skipped, self.start, self.fetched, self.end, self.retired, self.warning,
+                        self.cpu, self.nbytes, self.rss)
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,9 +62,10 @@ class Order:
     tasks: tuple[Task, ...] = ()
     freed: tuple[int, ...] = ()
     stop: bool = False
+    threads: int = 0  # when > 0: fetch this many samples at once from now on
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return Order, (self.tasks, self.freed, self.stop)
+        return Order, (self.tasks, self.freed, self.stop, self.threads)
 
 
 @dataclass(frozen=True, slots=True)

@@ -21,24 +21,49 @@ __all__ = ["ThreadExecutor"]
 _STOP = None
 
 
+class _Threads:
+    """A control message: fetch ``n`` samples at once from now on."""
+
+    __slots__ = ("n",)
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+
 class ThreadExecutor:
     kind = "thread"
 
     def __init__(self, spec: WorkerSpec, num_workers: int) -> None:
         self.spec = spec
         self.num_workers = num_workers
-        self.ledger = Ledger(num_workers)
+        self.ledger = Ledger(0)
         self.results: queue.SimpleQueue[Result] = queue.SimpleQueue()
         self.queues: list[queue.SimpleQueue[Task | None]] = []
         self.threads: list[threading.Thread] = []
         self.closed = False
         self.pid = os.getpid()
-        for w in range(num_workers):
-            q: queue.SimpleQueue[Task | None] = queue.SimpleQueue()
+        self.fetch_threads = spec.fetch_threads
+        self.num_workers = 0
+        self.grow(num_workers)
+
+    def grow(self, n: int) -> None:
+        """Start more worker threads, up to ``n`` in all."""
+        while self.num_workers < n:
+            w = self.num_workers
+            q: queue.SimpleQueue[Any] = queue.SimpleQueue()
             t = threading.Thread(target=self._loop, args=(w, q), name=f"conveyor-worker-{w}", daemon=True)
             self.queues.append(q)
             self.threads.append(t)
+            self.ledger.held.append({})
+            self.num_workers += 1
             t.start()
+            if self.fetch_threads != self.spec.fetch_threads:
+                q.put(_Threads(self.fetch_threads))
+
+    def set_threads(self, n: int) -> None:
+        self.fetch_threads = n
+        for q in self.queues:
+            q.put(_Threads(n))
 
     def _loop(self, worker: int, q: queue.SimpleQueue[Task | None]) -> None:
         try:
@@ -46,13 +71,17 @@ class ThreadExecutor:
         except Exception as exc:
             failure = capture(exc, worker, None, "running worker_init_fn")
             while (task := q.get()) is not _STOP:
-                self.results.put(Result(task.seq, worker, failure=failure))
+                if type(task) is not _Threads:
+                    self.results.put(Result(task.seq, worker, failure=failure))
             return
         try:
             while True:
                 task = q.get()
                 if task is _STOP:
                     return
+                if type(task) is _Threads:
+                    fetcher.set_threads(task.n)
+                    continue
                 fetcher.schedule(task)
                 self.results.put(fetcher.run(task))
         finally:

@@ -108,7 +108,8 @@ _rng_lock = threading.Lock()
 class Fetcher:
     """Runs tasks for one worker: fetching, seeding, collating, timing."""
 
-    def __init__(self, spec: WorkerSpec, worker_id: int | None, *, shared_rng: bool = False) -> None:
+    def __init__(self, spec: WorkerSpec, worker_id: int | None, *, shared_rng: bool = False,
+                 cpu_clock: Callable[[], float] | None = None) -> None:
         self.spec = spec
         self.worker_id = worker_id
         self.dataset = spec.dataset
@@ -119,10 +120,24 @@ class Fetcher:
         self.gather = getattr(spec.dataset, "gather", None) if spec.gather else None
         # threads of one process share the global RNGs: seeding must hold a lock
         self.lock = _rng_lock if (shared_rng or spec.fetch_threads > 1) and spec.seed is not None else None
+        self.cpu_clock = cpu_clock or time.thread_time
         self.pool: ThreadPoolExecutor | None = None
-        if spec.fetch_threads > 1 and not spec.iterable:
-            self.pool = ThreadPoolExecutor(spec.fetch_threads, thread_name_prefix="conveyor-fetch")
+        self.threads = 1
         self.pending: dict[int, list[Future[Any]]] = {}
+        self.set_threads(spec.fetch_threads)
+
+    def set_threads(self, n: int) -> None:
+        """Fetch ``n`` samples at once from now on (tasks already scheduled keep theirs)."""
+        n = max(1, int(n))
+        if n == self.threads or self.spec.iterable:
+            return
+        old = self.pool
+        self.pool = ThreadPoolExecutor(n, thread_name_prefix="conveyor-fetch") if n > 1 else None
+        self.threads = n
+        if self.spec.seed is not None and n > 1:
+            self.lock = _rng_lock
+        if old is not None:
+            old.shutdown(wait=False)  # its queued fetches still finish
 
     # -- fetching ---------------------------------------------------------
     def _one(self, index: int, epoch: int) -> Any:
@@ -220,6 +235,7 @@ class Fetcher:
     def run(self, task: Task, collate: Callable[[Callable[[Any], Any], Any], Any] | None = None) -> Result:
         """Fetch and collate ``task``. ``collate(fn, samples)`` lets the caller wrap collation."""
         start = time.perf_counter()
+        cpu0 = self.cpu_clock()
         spec = self.spec
         try:
             if spec.iterable:
@@ -238,7 +254,8 @@ class Fetcher:
             if not done and spec.collate_fn is not None:
                 data = collate(spec.collate_fn, data) if collate is not None else spec.collate_fn(data)
             return Result(task.seq, self._wid(), batch=data, skipped=tuple(skipped),
-                          start=start, fetched=fetched, end=time.perf_counter())
+                          start=start, fetched=fetched, end=time.perf_counter(),
+                          cpu=self.cpu_clock() - cpu0)
         except Exception as exc:
             indices = task.indices
             return Result(task.seq, self._wid(), failure=capture(exc, self.worker_id, indices),
@@ -269,7 +286,8 @@ def start_worker(spec: WorkerSpec, worker_id: int, *, kind: str) -> Fetcher:
     _set_info(WorkerInfo(worker_id, spec.num_workers, seed, spec.dataset, kind), thread=thread)
     if spec.worker_init_fn is not None:
         spec.worker_init_fn(worker_id)
-    return Fetcher(spec, worker_id, shared_rng=thread)
+    return Fetcher(spec, worker_id, shared_rng=thread,
+                   cpu_clock=time.thread_time if thread else time.process_time)
 
 
 # -- the process worker's loop ----------------------------------------------
@@ -296,6 +314,7 @@ def serve(spec: WorkerSpec, worker_id: int, gen: int, tasks: Any, results: Any,
         results.send(Hello(worker_id, os.getpid()))
         queue: list[Task] = []
         warned = False
+        done = 0
 
         def collate_into(writer: Writer) -> Callable[[Callable[[Any], Any], Any], Any]:
             def call(fn: Callable[[Any], Any], samples: Any) -> Any:
@@ -310,6 +329,8 @@ def serve(spec: WorkerSpec, worker_id: int, gen: int, tasks: Any, results: Any,
                     return
                 if pool is not None and order.freed:
                     pool.release(list(order.freed))
+                if order.threads:
+                    fetcher.set_threads(order.threads)
                 queue.extend(order.tasks)
                 for t in order.tasks:
                     fetcher.schedule(t)
@@ -328,6 +349,7 @@ def serve(spec: WorkerSpec, worker_id: int, gen: int, tasks: Any, results: Any,
                     used = writer.finish() if writer is not None else []
                     names = tuple((i, pool.slots[i].name) for i in used) if pool is not None else ()
                     result.batch = Packed(tree, names, gen, worker_id, blob)
+                    result.nbytes = (writer.total if writer is not None else 0) + (len(blob) if blob else 0)
             elif writer is not None:
                 writer.abandon()
             if pool is not None:
@@ -335,6 +357,9 @@ def serve(spec: WorkerSpec, worker_id: int, gen: int, tasks: Any, results: Any,
                 if pool.failed is not None and not warned:
                     warned = True
                     result.warning = pool.failed
+            done += 1
+            if done % 16 == 1:
+                result.rss = _rss()
             results.send(result)
             # take any orders that arrived meanwhile, without blocking
             while tasks.poll():
@@ -343,6 +368,8 @@ def serve(spec: WorkerSpec, worker_id: int, gen: int, tasks: Any, results: Any,
                     return
                 if pool is not None and order.freed:
                     pool.release(list(order.freed))
+                if order.threads:
+                    fetcher.set_threads(order.threads)
                 queue.extend(order.tasks)
                 for t in order.tasks:
                     fetcher.schedule(t)
@@ -353,6 +380,15 @@ def serve(spec: WorkerSpec, worker_id: int, gen: int, tasks: Any, results: Any,
             pool.close()
         if stack_file is not None:
             stack_file.close()
+
+
+def _rss() -> int | None:
+    """This process's resident set size in bytes (Linux), or None."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def _receive(conn: Any, parent_pid: int) -> Order | None:
