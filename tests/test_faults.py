@@ -1,0 +1,313 @@
+"""Faults: errors keep their type and traceback, dead and hung workers are handled, bad samples skipped."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.utils.data as tud
+
+import conveyor
+from helpers import WORKERS, Failing, Snapshot, Squares, assert_no_leaks, children
+
+KINDS = {
+    "process": {"num_workers": 2, "worker_type": "process", **WORKERS},
+    "thread": {"num_workers": 2, "worker_type": "thread", **WORKERS},
+    "inline": {"num_workers": 0},
+}
+
+
+def drain(loader: Any) -> list[Any]:
+    try:
+        return list(loader)
+    finally:
+        loader.close()
+
+
+# --------------------------------------------------------------------------- exceptions
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("kind", sorted(KINDS))
+def test_exception_keeps_type_traceback_and_note(kind: str) -> None:
+    loader = conveyor.DataLoader(Failing(16, 6), batch_size=4, **KINDS[kind])
+    with pytest.raises(ValueError, match="bad sample 6") as info:
+        drain(loader)
+    exc = info.value
+    cause = str(exc.__cause__)
+    assert 'raise self.exc(f"bad sample {i}")' in cause, cause
+    assert "__getitem__" in cause
+    notes = " ".join(getattr(exc, "__notes__", []))
+    assert re.search(r"\[4, 5, 6, 7\]", notes), notes
+    if kind == "inline":
+        assert "main process" in notes, notes
+    else:
+        assert re.search(r"worker [01]\b", notes), notes
+
+
+class Unrebuildable(Exception):
+    def __init__(self, a: int, b: int) -> None:
+        super().__init__(f"needs two arguments: {a}, {b}")
+
+
+class _RaisesUnrebuildable(tud.Dataset):
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        if i == 5:
+            raise Unrebuildable(i, 2 * i)
+        return torch.tensor([i])
+
+
+@pytest.mark.timeout(60)
+def test_unrebuildable_exception_gives_worker_error() -> None:
+    loader = conveyor.DataLoader(_RaisesUnrebuildable(), batch_size=2, **KINDS["process"])
+    with pytest.raises(conveyor.WorkerError) as info:
+        drain(loader)
+    text = str(info.value) + str(info.value.__cause__)
+    assert "Unrebuildable" in text and "needs two arguments" in text
+
+
+def _init_raises(worker_id: int) -> None:
+    raise KeyError(f"init failed in {worker_id}")
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("kind", ["process", "thread"])
+def test_worker_init_fn_raising(kind: str) -> None:
+    before = Snapshot.take()
+    loader = conveyor.DataLoader(Squares(), batch_size=2, worker_init_fn=_init_raises, **KINDS[kind])
+    with pytest.raises(KeyError, match="init failed") as info:
+        drain(loader)
+    assert "worker_init_fn" in " ".join(getattr(info.value, "__notes__", [])) + str(info.value.__cause__)
+    del loader, info
+    assert_no_leaks(before)
+
+
+class _Exits(tud.Dataset):
+    def __init__(self, how: str) -> None:
+        self.how = how
+
+    def __len__(self) -> int:
+        return 12
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        if i == 5:
+            if self.how == "sys.exit":
+                sys.exit()
+            os._exit(1)
+        return torch.tensor([i])
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("how", ["sys.exit", "os._exit"])
+def test_worker_exits(how: str) -> None:
+    loader = conveyor.DataLoader(_Exits(how), batch_size=2, max_worker_restarts=1, **KINDS["process"])
+    with pytest.raises(RuntimeError) as info:
+        drain(loader)
+    msg = str(info.value)
+    assert "exit" in msg, msg
+    if how == "os._exit":
+        assert "exit code 1" in msg, msg
+    assert "[4, 5]" in msg, msg
+
+
+# --------------------------------------------------------------------------- dead workers
+
+
+class _Slow(tud.Dataset):
+    def __init__(self, n: int = 40, delay: float = 0.01) -> None:
+        self.n = n
+        self.delay = delay
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        time.sleep(self.delay)
+        return torch.tensor([i])
+
+
+def _kill_a_worker() -> int:
+    kids = sorted(children())
+    assert kids, "no worker process to kill"
+    os.kill(kids[0], signal.SIGKILL)
+    return kids[0]
+
+
+@pytest.mark.timeout(90)
+def test_sigkill_worker_is_replaced() -> None:
+    loader = conveyor.DataLoader(_Slow(40), batch_size=2, **KINDS["process"])
+    got = []
+    killed = None
+    for i, b in enumerate(loader):
+        got.extend(b.flatten().tolist())
+        if i == 3:
+            killed = _kill_a_worker()
+    loader_stats = loader.stats()
+    loader.close()
+    assert killed is not None
+    assert got == list(range(40)), "every sample exactly once and in order"
+    assert loader_stats["restarts"] >= 1
+    assert any("SIGKILL" in d for d in map(str, loader_stats["deaths"]))
+
+
+@pytest.mark.timeout(60)
+def test_sigkill_without_restarts_raises_worker_died() -> None:
+    loader = conveyor.DataLoader(_Slow(40, 0.05), batch_size=2, max_worker_restarts=0, **KINDS["process"])
+    with pytest.raises(conveyor.WorkerDied) as info:
+        try:
+            for i, _ in enumerate(loader):
+                if i == 1:
+                    _kill_a_worker()
+        finally:
+            loader.close()
+    msg = str(info.value)
+    assert "SIGKILL" in msg, msg
+    assert re.search(r"\[\d+, \d+\]", msg), msg
+
+
+class _Hangs(tud.Dataset):
+    def __len__(self) -> int:
+        return 12
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        if i == 5:
+            time.sleep(60)
+        return torch.tensor([i])
+
+
+@pytest.mark.timeout(60)
+def test_hung_worker_times_out_with_its_stack() -> None:
+    before = Snapshot.take()
+    loader = conveyor.DataLoader(_Hangs(), batch_size=2, timeout=2, **KINDS["process"])
+    with pytest.raises(RuntimeError) as info:
+        drain(loader)
+    msg = str(info.value)
+    assert "worker" in msg and "[4, 5]" in msg, msg
+    assert "sleep" in msg or "__getitem__" in msg, msg
+    del loader, info
+    assert_no_leaks(before, grace=15)
+
+
+# --------------------------------------------------------------------------- skipping bad samples
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("kind", sorted(KINDS))
+@pytest.mark.parametrize("budget", [2, 0.25])
+def test_skip_within_budget(kind: str, budget: int | float) -> None:
+    loader = conveyor.DataLoader(Failing(20, {13, 17}), batch_size=4, on_error="skip", max_failures=budget,
+                                 **KINDS[kind])
+    batches = [b.flatten().tolist() for b in drain(loader)]
+    assert batches == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11], [12, 14, 15], [16, 18, 19]]
+    failures = loader.stats()["failures"]
+    assert sorted(f["index"] for f in failures) == [13, 17]
+    assert all("bad sample" in f["error"] for f in failures)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("kind", sorted(KINDS))
+@pytest.mark.parametrize("budget", [1, 0.05])
+def test_skip_over_budget(kind: str, budget: int | float) -> None:
+    loader = conveyor.DataLoader(Failing(20, {13, 17}), batch_size=4, on_error="skip", max_failures=budget,
+                                 **KINDS[kind])
+    with pytest.raises(conveyor.TooManyFailures) as info:
+        drain(loader)
+    first = info.value.__cause__
+    assert isinstance(first, ValueError) and "bad sample 13" in str(first), repr(first)
+
+
+# --------------------------------------------------------------------------- start-up problems
+
+
+class _Unpicklable(tud.Dataset):
+    def __init__(self) -> None:
+        self.fn = lambda i: i
+
+    def __len__(self) -> int:
+        return 4
+
+    def __getitem__(self, i: int) -> int:
+        return self.fn(i)
+
+
+@pytest.mark.timeout(60)
+def test_unpicklable_dataset_with_spawn() -> None:
+    before = Snapshot.take()
+    loader = conveyor.DataLoader(_Unpicklable(), batch_size=2, num_workers=2, multiprocessing_context="spawn",
+                                 **WORKERS)
+    with pytest.raises(Exception) as info:
+        drain(loader)
+    text = str(info.value) + " ".join(getattr(info.value, "__notes__", []))
+    assert "pickl" in text.lower(), text
+    del loader, info
+    assert_no_leaks(before)
+
+
+NO_GUARD = textwrap.dedent("""
+    import conveyor
+    from helpers import WORKERS, Squares
+
+    loader = conveyor.DataLoader(Squares(), batch_size=2, num_workers=2, multiprocessing_context="spawn", **WORKERS)
+    for batch in loader:
+        pass
+    print("DONE")
+""")
+
+
+@pytest.mark.timeout(90)
+def test_spawn_without_main_guard(tmp_path: Path, script_env: dict[str, str]) -> None:
+    script = tmp_path / "no_guard.py"
+    script.write_text(NO_GUARD)
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=script_env,
+                          timeout=75, cwd=tmp_path)
+    assert proc.returncode != 0
+    assert "__main__" in proc.stderr, proc.stderr[-3000:]
+
+
+SHM_FULL = textwrap.dedent("""
+    import warnings
+    import torch
+    import conveyor
+    import conveyor.transport.segment as seg
+    from helpers import WORKERS, Images, expected_images
+
+    def full(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    seg.Segment.create = classmethod(lambda cls, *a, **k: full())
+    if __name__ == "__main__":
+        ds = Images(40)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            loader = conveyor.DataLoader(ds, batch_size=4, num_workers=2, **WORKERS)
+            got = list(loader)
+            loader.close()
+        assert len(got) == 10
+        for k, b in enumerate(got):
+            assert torch.equal(b, expected_images(ds, list(range(4 * k, 4 * k + 4)))), k
+        runtime = [w for w in caught if issubclass(w.category, RuntimeWarning)]
+        print("WARNINGS", len(runtime), [str(w.message)[:80] for w in runtime])
+""")
+
+
+@pytest.mark.timeout(90)
+def test_shm_full_falls_back_with_one_warning(tmp_path: Path, script_env: dict[str, str]) -> None:
+    script = tmp_path / "shm_full.py"
+    script.write_text(SHM_FULL)
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=script_env,
+                          timeout=75)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    line = [ln for ln in proc.stdout.splitlines() if ln.startswith("WARNINGS")]
+    assert line and line[0].split()[1] == "1", proc.stdout

@@ -1,0 +1,183 @@
+"""Leaks: every way of stopping a loader gives back processes, threads, fds and /dev/shm.
+
+Each scenario runs inside a function, so that nothing of the loader survives
+in a local variable or a traceback; then ``assert_no_leaks`` polls (a few
+seconds of grace, no timing assertion) until the process is back to its
+snapshot.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import conveyor
+from helpers import WORKERS, Failing, Images, Snapshot, assert_no_leaks, pid_alive, shm_entries, wait_until
+
+
+def make(worker_type: str = "process", **kw: Any) -> conveyor.DataLoader[Any]:
+    kw.setdefault("num_workers", 2)
+    return conveyor.DataLoader(Images(48), batch_size=4, worker_type=worker_type, **WORKERS, **kw)
+
+
+def full_iteration(wt: str) -> None:
+    loader = make(wt)
+    assert len(list(loader)) == 12
+
+
+def close_mid_epoch(wt: str) -> None:
+    loader = make(wt)
+    it = iter(loader)
+    held = [next(it) for _ in range(3)]
+    loader.close()
+    assert held[0].shape == (4, 3, 64, 64)
+
+
+def context_manager(wt: str) -> None:
+    with make(wt) as loader:
+        for i, _ in enumerate(loader):
+            if i == 2:
+                break
+
+
+def del_and_gc(wt: str) -> None:
+    loader = make(wt)
+    it = iter(loader)
+    next(it)
+    next(it)
+    del it, loader
+    gc.collect()
+
+
+def break_then_del(wt: str) -> None:
+    loader = make(wt)
+    for i, _ in enumerate(loader):
+        if i == 1:
+            break
+    del loader
+
+
+class _Boom(Exception):
+    pass
+
+
+def exception_in_loop(wt: str) -> None:
+    loader = make(wt)
+    try:
+        for i, _ in enumerate(loader):
+            if i == 2:
+                raise _Boom("training step failed")
+    except _Boom:
+        pass
+
+
+def keyboard_interrupt(wt: str) -> None:
+    loader = make(wt)
+    try:
+        for i, _ in enumerate(loader):
+            if i == 1:
+                raise KeyboardInterrupt
+    except KeyboardInterrupt:
+        pass
+
+
+def persistent_then_close(wt: str) -> None:
+    loader = make(wt, persistent_workers=True)
+    for _ in range(2):
+        assert len(list(loader)) == 12
+    it = iter(loader)
+    next(it)
+    loader.close()
+
+
+def worker_exception(wt: str) -> None:
+    loader = conveyor.DataLoader(Failing(40, 9), batch_size=4, num_workers=2, worker_type=wt, **WORKERS)
+    try:
+        for _ in loader:
+            pass
+    except ValueError:
+        pass
+    else:
+        raise AssertionError("the worker's ValueError did not reach the loop")
+
+
+SCENARIOS: dict[str, Callable[[str], None]] = {
+    f.__name__: f for f in (full_iteration, close_mid_epoch, context_manager, del_and_gc, break_then_del,
+                            exception_in_loop, keyboard_interrupt, persistent_then_close, worker_exception)
+}
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("name", sorted(SCENARIOS))
+@pytest.mark.parametrize("worker_type", ["process", "thread"])
+def test_no_leaks(name: str, worker_type: str) -> None:
+    before = Snapshot.take()
+    SCENARIOS[name](worker_type)
+    assert_no_leaks(before)
+
+
+@pytest.mark.timeout(60)
+def test_no_leaks_inline_and_spawn() -> None:
+    before = Snapshot.take()
+    for _ in conveyor.DataLoader(Images(8), batch_size=4):
+        pass
+    with conveyor.DataLoader(Images(16), batch_size=4, num_workers=2, multiprocessing_context="spawn",
+                             **WORKERS) as loader:
+        for i, _ in enumerate(loader):
+            if i == 1:
+                break
+    del loader
+    assert_no_leaks(before)
+
+
+KILLED = textwrap.dedent("""
+    import os, sys, time
+    import psutil
+    import conveyor
+    from helpers import WORKERS, Images
+
+    loader = conveyor.DataLoader(Images(64), batch_size=8, num_workers=2, **WORKERS)
+    it = iter(loader)
+    held = [next(it) for _ in range(3)]   # batches mapped from the workers' slots
+    kids = [p.pid for p in psutil.Process().children() if "resource_tracker" not in " ".join(p.cmdline())]
+    print("READY", os.getpid(), *kids, flush=True)
+    time.sleep(120)
+""")
+
+
+@pytest.mark.timeout(90)
+def test_main_process_sigkill(tmp_path: Path, script_env: dict[str, str]) -> None:
+    script = tmp_path / "killed.py"
+    script.write_text(KILLED)
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=script_env)
+    try:
+        line = proc.stdout.readline() if proc.stdout else ""
+        if not line.startswith("READY"):
+            proc.kill()
+            raise AssertionError(f"child did not start: {line!r} {proc.stderr.read() if proc.stderr else ''}")
+        pid, *workers = (int(x) for x in line.split()[1:])
+        assert len(workers) >= 2, f"expected 2 worker processes, found {workers}"
+        assert shm_entries(pid), "the held batches should live in /dev/shm"
+        os.kill(pid, signal.SIGKILL)
+        proc.wait(10)
+        assert wait_until(lambda: not any(pid_alive(w) for w in workers), 10), \
+            f"workers {[w for w in workers if pid_alive(w)]} outlived their killed parent"
+        assert wait_until(lambda: not shm_entries(pid), 10), f"left in /dev/shm: {sorted(shm_entries(pid))}"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        if proc.stdout:
+            proc.stdout.close()
+        if proc.stderr:
+            proc.stderr.close()
