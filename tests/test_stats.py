@@ -79,6 +79,15 @@ def test_report_cheap_inline_and_no_batches() -> None:
     assert report({"batches": 0}).startswith("no batches yet")
 
 
+def test_report_keeps_very_cheap_batches_inline() -> None:
+    # 0.2 ms a batch, 2 ms a step: 9% waiting, yet a worker would cost more than it saves
+    text = report(snap(run(0, batch_s=0.0002, step_s=0.002), 0), cores=8)
+    assert text.startswith("loading in the main process takes 0.20 ms a batch (9% of the time)")
+    assert "num_workers=0 is right" in text
+    text = report(snap(run(0, batch_s=0.004, step_s=0.002), 0), cores=8)
+    assert "2 workers would hide it" in text
+
+
 def test_report_mentions_failures_restarts_and_slow_first_batch() -> None:
     s = snap(run(2, batch_s=0.019, step_s=0.01, wait_s=0.0002), 2, restarts=1,
              deaths=["worker 1 (pid 7) was killed by signal SIGKILL"],

@@ -246,10 +246,8 @@ def demo(args: argparse.Namespace) -> int:
         finally:
             al.close()
         snap = al.stats()
-        decision = getattr(al, "decision", None)
-        if callable(decision):
-            decision = decision()
-        why = f" ({decision.reason})" if decision is not None and getattr(decision, "reason", "") else ""
+        chosen = al.tuning() if callable(getattr(al, "tuning", None)) else snap.get("tuning")
+        why = f" ({chosen['reason']})" if isinstance(chosen, dict) and chosen.get("reason") else ""
         auto_line = (f"auto: num_workers={snap.get('num_workers')}, fetch_threads={snap.get('fetch_threads')}, "
                      f"prefetch_factor={snap.get('prefetch_factor')}{why}")
 

@@ -27,6 +27,7 @@ __all__ = ["plot_sweep", "plot_timeline", "report", "workers_needed"]
 
 HIDDEN = 0.05  # the consumer waiting less than this is "hidden"
 BOTTLENECK = 0.10
+HANDOFF = 5e-4  # seconds a batch from a worker costs the main process, roughly: cheaper batches stay inline
 
 
 def _mean_batch(snap: dict[str, Any]) -> tuple[float, float | None]:
@@ -99,7 +100,10 @@ def report(snap: dict[str, Any], cores: int | None = None) -> str:
     io_bound = ratio is not None and ratio < 0.5
     parts: list[str] = []
 
-    if wf >= BOTTLENECK:
+    if nw == 0 and wf >= HIDDEN and 0 < mean < HANDOFF:
+        parts.append(f"loading in the main process takes {mean * 1e3:.2f} ms a batch ({_pct(wf)} of the time), "
+                     "less than handing a batch over from a worker costs: num_workers=0 is right")
+    elif wf >= BOTTLENECK:
         head = f"loading is the bottleneck: {_pct(wf)} of each step is spent waiting"
         if need is None:
             parts.append(f"{head}; the training loop takes no time between batches, so loading sets the pace")
