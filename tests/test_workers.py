@@ -1,0 +1,160 @@
+"""Workers and the zero-copy transport: batches in shared memory, never overwritten, the pool breathing."""
+
+from __future__ import annotations
+
+import gc
+from typing import Any, NamedTuple
+
+import numpy as np
+import pytest
+import torch
+import torch.utils.data as tud
+
+import conveyor
+from helpers import WORKERS, Images, Mixed, expected_images, same, same_epochs, shm_entries
+
+PROCESS = {"num_workers": 2, "worker_type": "process", **WORKERS}
+
+
+def shm_ranges() -> list[tuple[int, int, str]]:
+    """Address ranges of this process mapped from /dev/shm/conveyor_* files."""
+    out = []
+    with open("/proc/self/maps") as f:
+        for line in f:
+            if "/dev/shm/conveyor_" in line:
+                lo, hi = (int(x, 16) for x in line.split()[0].split("-"))
+                out.append((lo, hi, line.split()[-1] if "(deleted)" not in line else line.split()[-2]))
+    return out
+
+
+def in_shm(t: torch.Tensor) -> bool:
+    ptr = t.untyped_storage().data_ptr()
+    return any(lo <= ptr < hi for lo, hi, _ in shm_ranges())
+
+
+@pytest.mark.timeout(60)
+def test_large_batches_are_views_of_shared_memory() -> None:
+    ds = Images(128)
+    with conveyor.DataLoader(ds, batch_size=64, **PROCESS) as loader:
+        it = iter(loader)
+        batch = next(it)
+        assert batch.dtype == torch.uint8 and batch.shape == (64, 3, 64, 64)
+        assert torch.equal(batch, expected_images(ds, list(range(64))))
+        assert shm_entries(), "a held batch should have its /dev/shm/conveyor_* segment"
+        assert in_shm(batch), "the batch's storage should be a mapping of a conveyor segment"
+        rest = list(it)
+        assert len(rest) == 1
+
+
+@pytest.mark.timeout(60)
+def test_held_batches_are_never_overwritten() -> None:
+    ds = Images(160)
+    with conveyor.DataLoader(ds, batch_size=8, **PROCESS) as loader:
+        held = list(loader)
+        assert len(held) == 20
+        for k, b in enumerate(held):
+            assert torch.equal(b, expected_images(ds, list(range(8 * k, 8 * k + 8)))), f"batch {k} was overwritten"
+
+
+@pytest.mark.timeout(60)
+def test_pool_grows_and_shrinks() -> None:
+    ds = Images(400)
+    base = len(shm_entries())
+    with conveyor.DataLoader(ds, batch_size=8, **PROCESS) as loader:
+        it = iter(loader)
+        held = [next(it) for _ in range(20)]
+        while_held = len(shm_entries()) - base
+        assert while_held >= 20, f"20 held batches should need at least 20 segments, saw {while_held}"
+        del held
+        gc.collect()
+        after = None
+        for k, b in enumerate(it):
+            del b
+            if k == 25:
+                after = len(shm_entries()) - base
+        assert after is not None
+        assert after < while_held, f"the pool did not shrink: {while_held} segments held, {after} after release"
+
+
+@pytest.mark.timeout(60)
+def test_batches_larger_than_the_first() -> None:
+    ds = Images(40, side=16, variable=True)  # sides 16, 32, ... 80: each batch outgrows the last
+    with conveyor.DataLoader(ds, batch_size=8, **PROCESS) as loader:
+        got = list(loader)
+    assert [b.shape[-1] for b in got] == [16, 32, 48, 64, 80]
+    for k, b in enumerate(got):
+        assert torch.equal(b, expected_images(ds, list(range(8 * k, 8 * k + 8))))
+
+
+class Record(NamedTuple):
+    image: np.ndarray
+    label: int
+    name: str
+
+
+class Nested(tud.Dataset):
+    def __len__(self) -> int:
+        return 24
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        return {
+            "rec": Record(np.full((32, 32, 3), i, dtype=np.float32), i, f"n{i}"),
+            "list": [np.arange(5000, dtype=np.int64) + i, f"s{i}", i * 1.5],
+            "small": np.int16(i),
+        }
+
+
+def _nested_reference(kw: dict[str, Any], batch_size: int | None) -> list[Any]:
+    return list(tud.DataLoader(Nested(), batch_size=batch_size, **kw))
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("batch_size", [None, 6])
+def test_nested_batches_round_trip(batch_size: int | None) -> None:
+    expected = _nested_reference({}, batch_size)
+    with conveyor.DataLoader(Nested(), batch_size=batch_size, **PROCESS) as loader:
+        same_epochs(list(loader), expected)
+
+
+@pytest.mark.timeout(60)
+def test_nested_custom_collate_round_trip() -> None:
+    def keep(batch: list[Any]) -> list[Any]:
+        return batch  # arrays, strings and ints exactly as the dataset made them
+
+    with conveyor.DataLoader(Nested(), batch_size=4, collate_fn=keep, **PROCESS, multiprocessing_context="fork") as c:
+        got = list(c)
+    expected = [[Nested()[i] for i in range(k, k + 4)] for k in range(0, 24, 4)]
+    same_epochs(got, expected)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("workers", [0, 2])
+def test_numpy_output(workers: int) -> None:
+    kw = PROCESS if workers else {}
+    with conveyor.DataLoader(Mixed(), batch_size=4, output="numpy", **kw) as loader:
+        got = list(loader)
+    expected = list(conveyor.DataLoader(Mixed(), batch_size=4))
+    assert len(got) == len(expected)
+    for g, e in zip(got, expected):
+        assert isinstance(g["t"], np.ndarray) and isinstance(g["a"], np.ndarray)
+        assert isinstance(g["nt"].x, np.ndarray)
+        np.testing.assert_array_equal(g["t"], e["t"].numpy())
+        np.testing.assert_array_equal(g["a"], e["a"].numpy())
+        assert list(g["s"]) == list(e["s"])
+    big = list(conveyor.DataLoader(Images(16), batch_size=8, output="numpy", **(PROCESS if workers else {})))
+    assert all(isinstance(b, np.ndarray) and b.dtype == np.uint8 and b.shape == (8, 3, 64, 64) for b in big)
+    np.testing.assert_array_equal(big[1], expected_images(Images(16), list(range(8, 16))).numpy())
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("make", [lambda: Images(40, side=32), Mixed, Nested])
+def test_threads_and_inline_match_processes(make: Any) -> None:
+    runs = []
+    for kw in (PROCESS, {"num_workers": 2, "worker_type": "thread", **WORKERS}, {"num_workers": 0}):
+        with conveyor.DataLoader(make(), batch_size=5, shuffle=True, generator=torch.Generator().manual_seed(3),
+                                 **kw) as loader:
+            runs.append([list(loader), list(loader)])
+    for other in runs[1:]:
+        for e in range(2):
+            same_epochs(other[e], runs[0][e])
+    same(runs[0][0][0], runs[1][0][0])
