@@ -614,6 +614,9 @@ class _Pool:
         self.inline_costs: list[float] = []
         self.inline_batches = 0
         self.launched = False  # workers were started at some point
+        self.rng_states: dict[int, rng.RngState] = {}  # worker -> RNG state after its probing batches
+        self.rng_sensitive = False  # the dataset draws from the global RNGs
+        self.epoch_start = 0  # seq of the current epoch's first batch
         if self.num_workers == 0 and not auto_workers:
             self._holder.append(InlineExecutor(self.spec))
 
@@ -646,7 +649,7 @@ class _Pool:
         """
         if self.mode != "workers":
             return True
-        if not self.adaptive:
+        if not self.adaptive or self.rng_sensitive:
             return False
         ex = self.executor
         if getattr(ex, "ready", 1):
@@ -661,6 +664,8 @@ class _Pool:
         if not self._locals:
             self._locals.append(Fetcher(self.spec, None))
         local = self._locals[0]
+        if self.mode == "probe" and self.spec.seed is None:
+            return self._probe(local, task)
         restore = rng.RngState() if self.spec.seed is not None else None
         t0 = time.perf_counter()
         try:
@@ -669,7 +674,40 @@ class _Pool:
         finally:
             if restore is not None:
                 restore.restore()
-        cost = time.perf_counter() - t0
+        return self._timed(result, time.perf_counter() - t0)
+
+    def _probe(self, local: Fetcher, task: Task) -> Result:
+        """A probing batch, made exactly as the worker torch would give it to would make it.
+
+        The global RNGs are set to that worker's (seeded as a worker is seeded, or as
+        its last probing batch left them). If the batch moved them, the dataset draws
+        from them: the main process stops making batches and the real worker takes
+        over the RNG state, so results match a loader without ``adaptive``.
+        """
+        w = (task.seq - self.epoch_start) % max(1, self.num_workers or _cores())
+        user = rng.RngState()
+        try:
+            if w in self.rng_states:
+                self.rng_states[w].restore()
+            else:
+                rng.seed_worker(self.base_seed, w)
+            before = rng.RngState()
+            t0 = time.perf_counter()
+            local.schedule(task)
+            result = local.run(task)
+            cost = time.perf_counter() - t0
+            after = rng.RngState()
+        finally:
+            user.restore()
+        if not after.same(before):
+            self.rng_states[w] = after
+            self.rng_sensitive = True
+            self.spec = dataclasses.replace(self.spec, rng_states=dict(self.rng_states))
+            if self.num_workers:
+                self.mode = "workers"
+        return self._timed(result, cost)
+
+    def _timed(self, result: Result, cost: float) -> Result:
         self.inline_batches += 1
         costs = self.inline_costs
         costs.append(cost)
@@ -687,10 +725,11 @@ class _Pool:
                     self.tuner.pin({"num_workers": 0, "fetch_threads": self.threads, "prefetch_factor": None,
                                     "reason": f"a batch costs {typical * 1e6:.0f} us in the main process, less "
                                               "than a trip from a worker: no workers"})
-        elif cost > 10 * INLINE_MAX_S:
-            self.mode = "workers"  # clearly worth a worker: do not probe further
+        elif cost > 10 * INLINE_MAX_S or self.rng_sensitive:
+            self.mode = "workers"  # clearly worth a worker, or only a worker makes it right
         elif len(costs) >= 4:
-            typical = sorted(costs)[len(costs) // 2]
+            # a low quantile: a busy machine preempts some batches, which says nothing of their cost
+            typical = sorted(costs)[len(costs) // 4]
             self.mode = "workers" if typical > INLINE_MAX_S else "inline"
         return result
 
@@ -769,10 +808,11 @@ class _Run(Generic[T]):
             self.batches = itertools.islice(self.batches, skip, None)
         self.sampler_done = False
         self.first_seq = pool.seq
+        pool.epoch_start = pool.seq
         self.reorder = Reorder(pool.seq, loader.in_order)
         self.inflight: dict[int, tuple[int, Task]] = {}
         self.active = [True] * max(1, loader.num_workers)  # iterable datasets: replicas not yet exhausted
-        self.rr = 0
+        self.rr = -1  # next worker in the rotation; set at the first dispatch
         self.recovery = Recovery(loader.max_worker_restarts, can_reissue=not loader._iterable)
         self.samples_seen = 0
         self.failed = 0
@@ -852,8 +892,9 @@ class _Run(Generic[T]):
         if r.start:
             self.stats.result(r.worker, r.start, r.fetched, r.end, cpu=r.cpu, nbytes=r.nbytes, rss=r.rss)
         if r.exhausted:
-            if 0 <= r.worker < len(self.active):
-                self.active[r.worker] = False
+            w = max(r.worker, 0)  # -1: the main process, the only replica with 0 workers
+            if w < len(self.active):
+                self.active[w] = False
             return None
         loader = self.loader
         if r.skipped:
@@ -904,51 +945,66 @@ class _Run(Generic[T]):
         if ex.kind == "inline":
             if self.inflight or len(self.reorder):
                 return
+            if self.loader._iterable and not self.active[0]:
+                self.sampler_done = True
+                return
             self._send(0, 1)
             return
-        if self.loader._iterable:
-            # strict round robin over live replicas, as torch does
-            for _ in range(n * cap):
-                for _ in range(n):
-                    w = self.rr
-                    self.rr = (self.rr + 1) % n
-                    if self.active[w]:
-                        break
-                else:
-                    self.sampler_done = True
-                    return
-                if ex.outstanding(w) >= cap:
-                    return
-                if not self._send(w, 1):
-                    return
-            return
-        order = sorted(range(n), key=lambda w: (ex.outstanding(w), (w - self.rr) % n))
-        for w in order:
-            room = cap - ex.outstanding(w)
-            if room > 0 and not self._send(w, room):
+        if self.rr < 0:  # the first dispatch of this epoch: batches made in the main process came first
+            self.rr = (self.pool.seq - self.first_seq) % max(1, n)
+        while len(self.active) < n:
+            self.active.append(True)  # workers added by the tuner
+        # Strict round robin (over live replicas of an iterable dataset), as torch does:
+        # batch k goes to worker k % n, so per-worker RNG streams match torch's. Tasks for
+        # one worker travel together in one message.
+        orders: dict[int, list[Task]] = {}
+        held = {w: ex.outstanding(w) for w in range(n)}
+        for _ in range(n * cap):
+            for k in range(n):
+                w = (self.rr + k) % n
+                if self.active[w]:
+                    break
+            else:
+                self.sampler_done = True
                 break
-        self.rr = (self.rr + 1) % n
+            if held[w] >= cap:
+                break  # the turn stays with w: order must follow the rotation
+            task = self._next_task(w)
+            if task is None:
+                break
+            self.rr = (w + 1) % n
+            held[w] += 1
+            orders.setdefault(w, []).append(task)
+        for w, tasks in orders.items():
+            ex.submit(w, tasks)
         flush = getattr(ex, "flush_freed", None)
         if flush is not None:
             flush()
 
+    def _next_task(self, worker: int) -> Task | None:
+        """The next task (recorded as held by ``worker``), or None when the sampler is done."""
+        try:
+            indices = next(self.batches)
+        except StopIteration:
+            self.sampler_done = True
+            return None
+        if indices is not None and not self.loader._auto_collation:
+            indices = [indices]
+        elif indices is not None and not isinstance(indices, list):
+            indices = list(indices)
+        seq = self.pool.seq
+        self.pool.seq += 1
+        task = Task(seq, self.epoch, indices)
+        self.inflight[seq] = (worker, task)
+        return task
+
     def _send(self, worker: int, count: int) -> bool:
-        tasks: list[Task] = []
+        tasks = []
         for _ in range(count):
-            try:
-                indices = next(self.batches)
-            except StopIteration:
-                self.sampler_done = True
+            task = self._next_task(worker)
+            if task is None:
                 break
-            if indices is not None and not self.loader._auto_collation:
-                indices = [indices]
-            elif indices is not None and not isinstance(indices, list):
-                indices = list(indices)
-            seq = self.pool.seq
-            self.pool.seq += 1
-            task = Task(seq, self.epoch, indices)
             tasks.append(task)
-            self.inflight[seq] = (worker, task)
         if tasks:
             self.ex.submit(worker, tasks)
         return not self.sampler_done

@@ -85,3 +85,20 @@ class RngState:
         torch = sys.modules.get("torch")
         if torch is not None and self.torch is not None:
             torch.random.default_generator.set_state(self.torch)
+
+    def same(self, other: RngState) -> bool:
+        """True when no global RNG moved between the two snapshots."""
+        if self.py != other.py or self.np[2] != other.np[2] or not np.array_equal(self.np[1], other.np[1]):
+            return False
+        if self.torch is None or other.torch is None:
+            return self.torch is other.torch
+        return bool(self.torch.equal(other.torch))
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return _rebuild_state, (self.py, self.np, self.torch)
+
+
+def _rebuild_state(py: Any, np_state: Any, torch_state: Any) -> RngState:
+    state = RngState.__new__(RngState)
+    state.py, state.np, state.torch = py, np_state, torch_state
+    return state

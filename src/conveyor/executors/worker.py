@@ -100,6 +100,8 @@ class WorkerSpec:
     gather: bool = False
     output: str = "torch"
     default_collate: bool = False
+    # RNG states a worker takes over from batches the main process made in its name
+    rng_states: dict[int, Any] | None = None
 
 
 _rng_lock = threading.Lock()
@@ -283,6 +285,8 @@ def start_worker(spec: WorkerSpec, worker_id: int, *, kind: str) -> Fetcher:
     seed = rng.worker_seed(spec.base_seed, worker_id)
     if not thread:
         rng.seed_worker(spec.base_seed, worker_id)
+        if spec.rng_states and worker_id in spec.rng_states:
+            spec.rng_states[worker_id].restore()
     _set_info(WorkerInfo(worker_id, spec.num_workers, seed, spec.dataset, kind), thread=thread)
     if spec.worker_init_fn is not None:
         spec.worker_init_fn(worker_id)
