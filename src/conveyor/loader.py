@@ -725,8 +725,11 @@ class _Pool:
                     self.tuner.pin({"num_workers": 0, "fetch_threads": self.threads, "prefetch_factor": None,
                                     "reason": f"a batch costs {typical * 1e6:.0f} us in the main process, less "
                                               "than a trip from a worker: no workers"})
-        elif cost > 10 * INLINE_MAX_S or self.rng_sensitive:
-            self.mode = "workers"  # clearly worth a worker, or only a worker makes it right
+        elif self.rng_sensitive or cost > 50 * INLINE_MAX_S or (
+                len(costs) >= 2 and min(costs[-2:]) > 10 * INLINE_MAX_S):
+            # clearly worth a worker (one batch can be slow because the machine is busy:
+            # a moderately slow one must be seen twice), or only a worker makes it right
+            self.mode = "workers"
         elif len(costs) >= 4:
             # a low quantile: a busy machine preempts some batches, which says nothing of their cost
             typical = sorted(costs)[len(costs) // 4]
