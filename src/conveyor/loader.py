@@ -292,7 +292,9 @@ class DataLoader(Generic[T]):
         self._runs: weakref.WeakSet[_Run] = weakref.WeakSet()
         self._stats = Stats()
         self._resume: dict[str, Any] | None = None
-        self._last_run: _Run | None = None
+        # weak: the run refers to its loader, and a cycle would keep workers alive until gc
+        self._last_ref: weakref.ref[_Run[T]] | None = None
+        self._last_pool: _Pool | None = None  # for stats() after the run is gone
         self._len_called: int | None = None
         self._closed = False
         self._slot_pinner = _pinner(self)
@@ -366,7 +368,8 @@ class DataLoader(Generic[T]):
             pool = _Pool.start(self, base_seed if base_seed is not None else self._draw_base_seed(epoch))
         run = _Run(self, pool, epoch, skip, owns_pool=not (self.persistent_workers and self.num_workers > 0))
         self._runs.add(run)
-        self._last_run = run
+        self._last_ref = weakref.ref(run)
+        self._last_pool = pool  # closed with its run; kept for stats()
         if self._device_stage is not None:
             run.pin = None  # the device thread pins (and copies) each batch
             return self._device_stage.wrap(run)
@@ -405,6 +408,10 @@ class DataLoader(Generic[T]):
             default_collate=self._default_collate,
         )
 
+    @property
+    def _last_run(self) -> _Run[T] | None:
+        return self._last_ref() if self._last_ref is not None else None
+
     # -- introspection ------------------------------------------------------
     def stats(self) -> dict[str, Any]:
         """Per-stage timings, wait fraction, per-worker fetch times, throughput and failures."""
@@ -413,7 +420,8 @@ class DataLoader(Generic[T]):
         snap["worker_type"] = self.worker_type if self.num_workers else "inline"
         snap["prefetch_factor"] = self.prefetch_factor
         snap["fetch_threads"] = self.fetch_threads
-        pool = self._persistent or (self._last_run.pool if self._last_run is not None else None)
+        run = self._last_run
+        pool = self._persistent or (run.pool if run is not None else self._last_pool)
         snap["main_process_batches"] = pool.inline_batches if pool is not None else 0
         snap["workers_started"] = bool(pool is not None and pool.launched)
         if pool is not None:

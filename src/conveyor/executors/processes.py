@@ -72,6 +72,7 @@ class ProcessExecutor:
         self.closed = False
         self.warned = False
         self.pending_freed: dict[tuple[int, int], list[int]] = {}  # (worker, gen) -> slot ids
+        self.froze = False  # this pool holds a gc freeze (fork only)
         self.parent_pid = os.getpid()
         try:
             for w in range(num_workers):
@@ -93,12 +94,9 @@ class ProcessExecutor:
             name=f"conveyor-worker-{w}",
             daemon=True,
         )
-        # A forked child that runs the garbage collector writes to the header of every
-        # object it scans, copying the parent's pages one by one; frozen objects are
-        # never scanned there, so the dataset's Python objects stay shared.
-        freeze = self.method == "fork" and hasattr(gc, "freeze")
-        if freeze:
-            gc.freeze()
+        if self.method == "fork" and not self.froze:
+            self.froze = True
+            _freeze()
         try:
             proc.start()
         except Exception as exc:
@@ -108,9 +106,6 @@ class ProcessExecutor:
                              "dataset, collate_fn and worker_init_fn: each must be picklable "
                              "(defined at module level, not a lambda or a local function).")
             raise
-        finally:
-            if freeze:
-                gc.unfreeze()
         task_r.close()
         res_w.close()
         return _Worker(proc, task_w, res_r, gen)
@@ -403,6 +398,38 @@ class ProcessExecutor:
         self.views.close()
         transport.sweep(self.prefix)
         _sweep_stacks(self.prefix)
+        if self.froze:
+            self.froze = False
+            _unfreeze()
+
+
+# Copy-on-read: a garbage collection walks every tracked object and writes to its
+# header, so after a fork each page of Python objects that either process scans gets
+# copied, until every worker holds a copy of the dataset's lists and dicts. Objects
+# frozen with gc.freeze() are never scanned, so while fork workers run, the objects
+# that existed when they started stay shared by all. The freeze is counted across
+# loaders and lifted when the last such pool closes (unless the user froze first).
+_freezes = 0
+_user_froze = False
+
+
+def _freeze() -> None:
+    global _freezes, _user_froze
+    if not hasattr(gc, "freeze"):
+        return
+    if _freezes == 0:
+        _user_froze = gc.get_freeze_count() > 0
+    _freezes += 1
+    gc.freeze()
+
+
+def _unfreeze() -> None:
+    global _freezes
+    if not hasattr(gc, "freeze") or _freezes == 0:
+        return
+    _freezes -= 1
+    if _freezes == 0 and not _user_froze:
+        gc.unfreeze()
 
 
 def _sweep_stacks(prefix: str) -> None:
