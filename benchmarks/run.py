@@ -24,6 +24,7 @@ over the loader's median time, measured in the same invocation.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -199,6 +200,17 @@ def fork_child(args: list[str], timeout: float) -> dict[str, Any]:
         finally:
             os._exit(code)
     os.close(write_fd)
+    try:
+        return _collect(pid, read_fd, err, timeout)
+    except BaseException:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, signal.SIGKILL)
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, 0)
+        raise
+
+
+def _collect(pid: int, read_fd: int, err: Any, timeout: float) -> dict[str, Any]:
     chunks: list[bytes] = []
     deadline = time.monotonic() + timeout
     timed_out = False
