@@ -1,0 +1,151 @@
+"""Distributed: DistributedSampler under torchrun (2 ranks, gloo, CPU) and iterable sharding."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from conveyor import DataLoader
+from conveyor.distributed import ShardedIterable, rank_and_world, shard_iterable, worker_and_count
+
+TESTS = Path(__file__).resolve().parent
+N = 23  # as in ddp_check.py
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def ranks(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
+    torchrun = shutil.which("torchrun") or str(Path(sys.executable).with_name("torchrun"))
+    if not os.path.exists(torchrun):
+        pytest.skip("torchrun is not installed")
+    out = tmp_path_factory.mktemp("ddp")
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT")}
+    env["PYTHONPATH"] = os.pathsep.join([str(TESTS.parent / "src"), str(TESTS)])
+    env["OMP_NUM_THREADS"] = "1"
+    cmd = [torchrun, "--nproc_per_node", "2", "--nnodes", "1", "--master_addr", "127.0.0.1",
+           "--master_port", str(free_port()), str(TESTS / "ddp_check.py"), str(out)]
+    try:
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=150)
+    except subprocess.TimeoutExpired as exc:
+        pytest.fail(f"torchrun did not finish in {exc.timeout} s:\n{exc.stdout}\n{exc.stderr}")
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
+
+
+@pytest.mark.timeout(180)
+def test_ranks_partition_the_dataset_without_padding(ranks: list[dict[str, Any]]) -> None:
+    assert [r["rank"] for r in ranks] == [0, 1] and all(r["world"] == 2 for r in ranks)
+    for epoch in range(2):
+        a, b = (r["even=False"]["epochs"][epoch] for r in ranks)
+        assert not set(a) & set(b)
+        assert sorted(a + b) == list(range(N))
+        assert len(a) + len(b) == N
+
+
+@pytest.mark.timeout(180)
+def test_even_mode_pads_like_torch(ranks: list[dict[str, Any]]) -> None:
+    for r in ranks:
+        for epoch in range(2):
+            want = torch.utils.data.DistributedSampler(range(N), num_replicas=2, rank=r["rank"], shuffle=True,
+                                                       seed=3)
+            want.set_epoch(epoch)
+            assert r["even=True"]["epochs"][epoch] == list(want)
+    a, b = (r["even=True"]["epochs"][0] for r in ranks)
+    assert len(a) == len(b) == (N + 1) // 2
+    assert set(a) | set(b) == set(range(N))
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("mode", ["even=False", "even=True"])
+def test_epochs_differ_after_set_epoch(ranks: list[dict[str, Any]], mode: str) -> None:
+    for r in ranks:
+        e0, e1 = r[mode]["epochs"]
+        assert e0 != e1
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("mode", ["even=False", "even=True"])
+def test_each_rank_resumes_its_own_share(ranks: list[dict[str, Any]], mode: str) -> None:
+    for r in ranks:
+        epoch1 = r[mode]["epochs"][1]
+        assert r[mode]["head"] == epoch1[: len(r[mode]["head"])]
+        assert r[mode]["head"] + r[mode]["rest"] == epoch1
+
+
+@pytest.mark.timeout(180)
+def test_sharded_stream_under_torchrun(ranks: list[dict[str, Any]]) -> None:
+    a, b = (r["stream"] for r in ranks)
+    assert not set(a) & set(b)
+    assert sorted(a + b) == list(range(40))
+
+
+# --------------------------------------------------------------------------- without torchrun
+
+
+def test_rank_and_world_from_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("RANK", raising=False)
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    assert rank_and_world() == (0, 1)
+    monkeypatch.setenv("RANK", "2")
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    assert rank_and_world() == (2, 4)
+    assert list(shard_iterable(range(12))) == [2, 6, 10]
+    assert ShardedIterable(range(12)).rank == 2
+
+
+def test_shard_iterable_arguments_and_errors() -> None:
+    assert worker_and_count() == (0, 1)
+    shares = [list(shard_iterable(range(10), rank=r, world_size=3)) for r in range(3)]
+    assert shares == [[0, 3, 6, 9], [1, 4, 7], [2, 5, 8]]
+    with pytest.raises(ValueError):
+        list(shard_iterable(range(3), rank=2, world_size=2))
+    with pytest.raises(ValueError):
+        ShardedIterable(range(3), rank=0, world_size=0)
+
+
+def _gen() -> range:
+    return range(50)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("kw", [{"num_workers": 0}, {"num_workers": 3, "worker_type": "thread"},
+                                {"num_workers": 2, "worker_type": "process"}], ids=["inline", "threads", "procs"])
+def test_sharded_iterable_splits_by_rank_and_worker(kw: dict[str, Any]) -> None:
+    seen: list[list[int]] = []
+    for rank in range(2):
+        ds = ShardedIterable(_gen, rank=rank, world_size=2)
+        with DataLoader(ds, batch_size=None, **kw) as loader:
+            seen.append([int(x) for x in loader])
+    assert not set(seen[0]) & set(seen[1])
+    assert sorted(seen[0] + seen[1]) == list(range(50))
+
+
+class TorchStream(torch.utils.data.IterableDataset):
+    def __init__(self, rank: int) -> None:
+        self.rank = rank
+
+    def __iter__(self) -> Any:
+        return shard_iterable(range(30), rank=self.rank, world_size=2)
+
+
+@pytest.mark.timeout(60)
+def test_shard_iterable_in_torch_workers() -> None:
+    """The worker is found through torch.utils.data.get_worker_info() too."""
+    got = []
+    for rank in range(2):
+        got += [int(x) for x in torch.utils.data.DataLoader(TorchStream(rank), batch_size=None, num_workers=2)]
+    assert sorted(got) == list(range(30))

@@ -1,0 +1,365 @@
+"""Resume: a JSON state from step k gives the rest of the epoch, then the same epochs.
+
+The reference is an uninterrupted run; the interrupted one stops after k
+batches, saves ``state_dict()`` through ``json.dumps``/``json.loads`` and a
+NEW loader (possibly with another worker count, type or prefetch) loads it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from test_determinism import Noisy
+
+from conveyor import (
+    DataLoader,
+    RandomSampler,
+    Sampler,
+    SequentialSampler,
+    SubsetRandomSampler,
+    WeightedRandomSampler,
+)
+
+pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create")
+
+EPOCHS = 3
+
+
+class Rotating(Sampler[int]):
+    """A custom sampler with its own epoch counter and a state_dict.
+
+    Like the built-in samplers, its state names the iteration that most
+    recently started (the loader skips what was consumed of it).
+    """
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.epoch = 0
+        self.current: int | None = None
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __iter__(self) -> Iterator[int]:
+        e = self.epoch
+        self.current, self.epoch = e, e + 1
+        for j in range(self.n):
+            yield (j * 7 + e * 3) % self.n if self.n % 7 else (j + e) % self.n
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"epoch": self.current if self.current is not None else self.epoch}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.epoch, self.current = int(state["epoch"]), None
+
+
+class Stateless(torch.utils.data.Sampler):
+    """A custom (torch) sampler without state_dict: cannot be resumed."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(range(self.n - 1, -1, -1))
+
+
+def loader_kw(kind: str, n: int) -> dict[str, Any]:
+    """DataLoader arguments for a sampler kind (built fresh on every call)."""
+    if kind == "shuffle-seed":
+        return {"shuffle": True, "seed": 5}
+    if kind == "shuffle-generator":
+        return {"shuffle": True, "generator": torch.Generator().manual_seed(5)}
+    if kind == "sequential":
+        return {"seed": 5}
+    if kind == "weighted":
+        weights = [1.0 + (i % 3) for i in range(n)]
+        return {"sampler": WeightedRandomSampler(weights, n + 3, seed=8), "seed": 5}
+    if kind == "weighted-generator":
+        weights = [1.0 + (i % 3) for i in range(n)]
+        return {"sampler": WeightedRandomSampler(weights, n, generator=torch.Generator().manual_seed(8)), "seed": 5}
+    if kind == "subset":
+        return {"sampler": SubsetRandomSampler(list(range(0, n, 2)), seed=8), "seed": 5}
+    if kind == "random-sampler":
+        return {"sampler": RandomSampler(range(n), seed=8), "seed": 5}
+    if kind == "custom":
+        return {"sampler": Rotating(n), "seed": 5}
+    raise AssertionError(kind)
+
+
+KINDS = ["shuffle-seed", "shuffle-generator", "sequential", "weighted", "weighted-generator", "subset",
+         "random-sampler", "custom"]
+
+
+def make(kind: str, n: int = 23, batch_size: int = 4, drop_last: bool = False, **kw: Any) -> DataLoader[Any]:
+    return DataLoader(Noisy(n), batch_size=batch_size, drop_last=drop_last, **loader_kw(kind, n), **kw)
+
+
+def run_epochs(loader: DataLoader[Any], count: int = EPOCHS) -> list[list[list[list[int]]]]:
+    with loader:
+        return [[b.tolist() for b in loader] for _ in range(count)]
+
+
+def interrupted(first: DataLoader[Any], second: DataLoader[Any], step: int,
+                count: int = EPOCHS, exhaust: bool = False) -> list[list[list[list[int]]]]:
+    """Stop ``first`` after ``step`` batches (counted over epochs), resume in ``second``.
+
+    Returns the batches ``second`` yields: the rest of the interrupted epoch,
+    then the epochs after it, up to ``count`` epochs in all. ``exhaust``: when
+    ``step`` ends an epoch, run its iterator to StopIteration before saving.
+    """
+    with first:
+        it = iter(first)
+        done = 0
+        epoch = 0
+        while done < step:
+            try:
+                next(it)
+            except StopIteration:
+                assert epoch + 1 < count, "asked to stop after the last epoch"
+                it = iter(first)
+                epoch += 1
+                continue
+            done += 1
+        if exhaust and next(it, None) is None:
+            epoch += 1
+        state = json.loads(json.dumps(first.state_dict()))
+    with second:
+        second.load_state_dict(state)
+        return [[b.tolist() for b in second] for _ in range(count - epoch)]
+
+
+def expected_after(ref: list[list[Any]], step: int) -> list[list[Any]]:
+    """The batches an uninterrupted run yields after ``step`` batches."""
+    epoch = 0
+    while epoch < len(ref) and step > len(ref[epoch]):
+        step -= len(ref[epoch])
+        epoch += 1
+    return [ref[epoch][step:]] + ref[epoch + 1:]
+
+
+# --------------------------------------------------------------------------- the state itself
+
+
+def _plain(x: Any) -> bool:
+    if isinstance(x, dict):
+        return all(isinstance(k, str) and _plain(v) for k, v in x.items())
+    if isinstance(x, list):
+        return all(map(_plain, x))
+    return x is None or type(x) in (str, int, float, bool)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_state_is_plain_versioned_json(kind: str) -> None:
+    with make(kind) as loader:
+        it = iter(loader)
+        next(it)
+        state = loader.state_dict()
+    assert _plain(state), state
+    assert json.loads(json.dumps(state)) == state
+    assert isinstance(state.get("version"), int)
+
+
+@pytest.mark.parametrize("kind", ["shuffle-seed", "shuffle-generator", "sequential", "weighted", "subset",
+                                  "random-sampler"])
+def test_state_size_does_not_grow_with_the_dataset(kind: str) -> None:
+    sizes = []
+    for n in (100, 1_000_000):
+        with make(kind, n=n, batch_size=8) as loader:
+            it = iter(loader)
+            next(it)
+            sizes.append(len(json.dumps(loader.state_dict())))
+    assert sizes[1] < 20_000, sizes
+    assert abs(sizes[1] - sizes[0]) < 64, sizes  # only the digits of the length may differ
+
+
+# --------------------------------------------------------------------------- exact resume
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("step", [0, 1, 3, 5])
+def test_resume_mid_epoch_gives_the_uninterrupted_run(kind: str, step: int) -> None:
+    ref = run_epochs(make(kind))
+    got = interrupted(make(kind), make(kind), step)
+    assert got == expected_after(ref, step)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("kind", KINDS)
+def test_resume_at_an_epoch_boundary(kind: str) -> None:
+    """Stopped after a whole epoch (no next iterator yet): the next loader starts epoch 1."""
+    ref = run_epochs(make(kind))
+    got = interrupted(make(kind), make(kind), len(ref[0]))
+    assert got == expected_after(ref, len(ref[0]))
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("kind", KINDS)
+def test_resume_after_a_finished_epoch(kind: str, workers: int) -> None:
+    """The epoch ran to StopIteration before saving: the new loader starts the next epoch."""
+    ref = run_epochs(make(kind))
+    kw = {"num_workers": workers, "worker_type": "thread"} if workers else {}
+    with make(kind, **kw) as first:
+        assert [b.tolist() for b in first] == ref[0]
+        state = json.loads(json.dumps(first.state_dict()))
+    second = make(kind)
+    second.load_state_dict(state)
+    assert run_epochs(second, EPOCHS - 1) == ref[1:]
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("kind", KINDS)
+def test_resume_in_a_later_epoch(kind: str) -> None:
+    ref = run_epochs(make(kind))
+    step = len(ref[0]) + 2
+    got = interrupted(make(kind), make(kind), step)
+    assert got == expected_after(ref, step)
+
+
+NEW = [
+    {"num_workers": 2, "worker_type": "thread", "prefetch_factor": 4},
+    {"num_workers": 3, "worker_type": "process", "prefetch_factor": 1, "adaptive": False},
+    {"num_workers": 1, "worker_type": "process", "fetch_threads": 3, "adaptive": False},
+]
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("new", NEW, ids=["threads2-pf4", "procs3-pf1", "proc1-ft3"])
+@pytest.mark.parametrize("kind", ["shuffle-seed", "shuffle-generator", "weighted", "custom"])
+def test_resume_with_other_workers(kind: str, new: dict[str, Any]) -> None:
+    ref = run_epochs(make(kind))
+    got = interrupted(make(kind, num_workers=2, adaptive=False), make(kind, **new), 3)
+    assert got == expected_after(ref, 3)
+
+
+@pytest.mark.timeout(60)
+def test_resume_from_a_fresh_loader_state() -> None:
+    """A state taken before any iteration resumes from the very beginning."""
+    ref = run_epochs(make("shuffle-seed"))
+    state = json.loads(json.dumps(make("shuffle-seed").state_dict()))
+    second = make("shuffle-seed")
+    second.load_state_dict(state)
+    assert run_epochs(second) == ref
+
+
+# --------------------------------------------------------------------------- misuse
+
+
+class PlainOrder:
+    """A sampler that is just an iterable with a length (no base class)."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(range(0, self.n, 2))
+
+
+@pytest.mark.parametrize("sampler", [Stateless(10), PlainOrder(10)], ids=["torch-sampler", "plain"])
+@pytest.mark.parametrize("as_batch_sampler", [False, True])
+def test_sampler_without_state_dict_is_a_clear_type_error(sampler: Any, as_batch_sampler: bool) -> None:
+    if as_batch_sampler:
+        loader = DataLoader(Noisy(10), batch_sampler=torch.utils.data.BatchSampler(sampler, 2, False))
+    else:
+        loader = DataLoader(Noisy(10), batch_size=2, sampler=sampler)
+    it = iter(loader)
+    next(it)
+    with pytest.raises(TypeError, match="state_dict"):
+        loader.state_dict()
+
+
+def test_loading_into_a_running_iterator_raises() -> None:
+    first = make("shuffle-seed")
+    it = iter(first)
+    next(it)
+    state = first.state_dict()
+    second = make("shuffle-seed")
+    it2 = iter(second)
+    next(it2)
+    with pytest.raises(RuntimeError):
+        second.load_state_dict(state)
+
+
+def test_state_from_another_dataset_length_raises() -> None:
+    first = make("shuffle-seed", n=23)
+    it = iter(first)
+    next(it)
+    state = json.loads(json.dumps(first.state_dict()))
+    with pytest.raises(ValueError):
+        make("shuffle-seed", n=24).load_state_dict(state)
+
+
+def test_state_of_another_version_raises() -> None:
+    state = make("sequential").state_dict()
+    state["version"] = 999
+    with pytest.raises(ValueError):
+        make("sequential").load_state_dict(state)
+
+
+# --------------------------------------------------------------------------- properties
+
+WORKERS: list[dict[str, Any]] = [
+    {},
+    {"num_workers": 1, "worker_type": "thread"},
+    {"num_workers": 2, "worker_type": "thread", "prefetch_factor": 1},
+    {"num_workers": 3, "worker_type": "thread", "fetch_threads": 2},
+    {"num_workers": 2, "worker_type": "process", "adaptive": False},
+]
+
+
+@st.composite
+def cases(draw: Callable[..., Any]) -> dict[str, Any]:
+    n = draw(st.integers(1, 30))
+    batch_size = draw(st.integers(1, 7))
+    drop_last = draw(st.booleans())
+    if drop_last and n < batch_size:
+        batch_size = n
+    kind = draw(st.sampled_from(KINDS))
+    before = draw(st.sampled_from(range(len(WORKERS))))
+    after = draw(st.sampled_from(range(len(WORKERS))))
+    if WORKERS[before].get("worker_type") == "process" and WORKERS[after].get("worker_type") == "process":
+        after = 0  # processes in a few examples only
+    step = draw(st.integers(0, 10_000))  # reduced modulo the epoch length in the test
+    return {"n": n, "batch_size": batch_size, "drop_last": drop_last, "kind": kind, "before": before,
+            "after": after, "step": step, "exhaust": draw(st.booleans())}
+
+
+@pytest.mark.timeout(180)
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(case=cases())
+def test_resume_property(case: dict[str, Any]) -> None:
+    def build(workers: int) -> DataLoader[Any]:
+        return make(case["kind"], n=case["n"], batch_size=case["batch_size"], drop_last=case["drop_last"],
+                    **WORKERS[workers])
+
+    ref = run_epochs(build(0))
+    per_epoch = len(ref[0])
+    step = case["step"] % (2 * per_epoch + 1) if per_epoch else 0
+    exhaust = case["exhaust"] and step > 0 and step % per_epoch == 0
+    got = interrupted(build(case["before"]), build(case["after"]), step, exhaust=exhaust)
+    want = expected_after(ref, step)
+    assert got == (want[1:] if exhaust else want)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_shuffle_flag_with_sequential_sampler_defaults(shuffle: bool) -> None:
+    """The loader's own samplers: SequentialSampler or RandomSampler, resumable in both modes."""
+    loader = DataLoader(Noisy(11), batch_size=3, shuffle=shuffle, seed=1)
+    assert isinstance(loader.sampler, RandomSampler if shuffle else SequentialSampler)
+    ref = run_epochs(DataLoader(Noisy(11), batch_size=3, shuffle=shuffle, seed=1))
+    got = interrupted(loader, DataLoader(Noisy(11), batch_size=3, shuffle=shuffle, seed=1), 2)
+    assert got == expected_after(ref, 2)
