@@ -22,6 +22,7 @@ from .datasets import (
     TensorDataset,
     random_split,
 )
+from .distributed import ShardedIterable, shard_iterable
 from .errors import WorkerError
 from .executors.recovery import WorkerDied
 from .executors.worker import WorkerInfo, get_worker_info
@@ -52,6 +53,7 @@ __all__ = sorted([
     "RandomSampler",
     "Sampler",
     "SequentialSampler",
+    "ShardedIterable",
     "StackDataset",
     "StringArray",
     "Subset",
@@ -67,4 +69,5 @@ __all__ = sorted([
     "get_worker_info",
     "numpy_collate",
     "random_split",
+    "shard_iterable",
 ])

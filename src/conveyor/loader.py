@@ -14,6 +14,7 @@ module only decides what to ask for, and when.
 from __future__ import annotations
 
 import base64
+import collections
 import dataclasses
 import itertools
 import math
@@ -24,6 +25,8 @@ import warnings
 import weakref
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Generic, TypeVar
+
+import numpy as np
 
 from . import _torch, rng
 from .collate import default_collate, default_convert, numpy_collate
@@ -292,6 +295,8 @@ class DataLoader(Generic[T]):
         self._runs: weakref.WeakSet[_Run] = weakref.WeakSet()
         self._stats = Stats()
         self._resume: dict[str, Any] | None = None
+        self._loaded: dict[str, Any] | None = None
+        self._ended: dict[str, Any] | None = None  # where the last run stopped (see _Run.where)
         # weak: the run refers to its loader, and a cycle would keep workers alive until gc
         self._last_ref: weakref.ref[_Run[T]] | None = None
         self._last_pool: _Pool | None = None  # for stats() after the run is gone
@@ -350,14 +355,24 @@ class DataLoader(Generic[T]):
         if self._closed:
             raise RuntimeError("this DataLoader is closed")
         epoch, skip, base_seed = self._epoch, 0, None
+        persistent = self.persistent_workers and self.num_workers > 0
         if self._resume is not None:
-            epoch, skip = self._resume["epoch"], self._resume["batches"]
-            base_seed = self._resume.get("base_seed")
-            self._resume = None
+            resume, self._resume = self._resume, None
+            epoch, skip, base_seed = resume["epoch"], resume["batches"], resume.get("base_seed")
+            if resume["finished"]:
+                # the saved epoch had ended: replay its draws (no fetching) and go on to the next
+                if self._own_sampler and self.seed is not None and hasattr(self.sampler, "set_epoch"):
+                    self.sampler.set_epoch(epoch)
+                if not self._iterable and resume["replay"]:
+                    for _ in self._index_sampler:
+                        pass
+                epoch, skip = epoch + 1, 0
+                if not persistent:
+                    base_seed = None  # torch draws a new one for every iterator
         self._epoch = epoch + 1
         if self._own_sampler and self.seed is not None and hasattr(self.sampler, "set_epoch"):
             self.sampler.set_epoch(epoch)
-        if self.persistent_workers and self.num_workers > 0:
+        if persistent:
             if self._persistent is None or self._persistent.dead:
                 self._persistent = _Pool.start(self, base_seed if base_seed is not None
                                                else self._draw_base_seed(epoch))
@@ -462,46 +477,37 @@ class DataLoader(Generic[T]):
         return self._position()
 
     def _position(self) -> dict[str, Any]:
+        if self._resume is not None and self._loaded is not None:
+            return dict(self._loaded)  # loaded and not iterated yet: still that position
         run = self._last_run
-        if self._resume is not None:
-            return dict(self._resume)
-        if run is None:
-            epoch, batches = self._epoch, 0
-        elif run.finished:
-            epoch, batches = run.epoch + 1, 0
-        else:
-            epoch, batches = run.epoch, run.yielded
-        state: dict[str, Any] = {
-            "version": STATE_VERSION,
-            "epoch": epoch,
-            "batches": batches,
-            "dataset_len": self._dataset_len(),
-            "seed": self.seed,
-        }
-        if not self._iterable:
-            sampler = self._index_sampler
-            if batches == 0 and run is not None and run.finished:
-                state["sampler"] = None  # the next epoch starts afresh
-            else:
-                sd = getattr(sampler, "state_dict", None)
-                if sd is None:
-                    if not isinstance(sampler, BatchSampler) or getattr(sampler.sampler, "state_dict", None) is None:
-                        if _is_stateless(sampler):
-                            state["sampler"] = None
-                        else:
-                            raise TypeError(
-                                f"{type(sampler).__name__} has no state_dict(): implement state_dict() and "
-                                "load_state_dict() on the sampler to make this loader resumable")
-                state.setdefault("sampler", sd() if sd is not None else None)
+        where = run.where() if run is not None and not run.finished else self._ended
+        state: dict[str, Any] = {"version": STATE_VERSION, "dataset_len": self._dataset_len(), "seed": self.seed}
         gen = self.generator
-        if _torch.is_generator(gen):
-            gstate = run.generator_state if run is not None and batches else None
-            if gstate is None:
-                gstate = gen.get_state()
+        gstate = None
+        if where is None:  # nothing iterated yet: the next epoch starts afresh
+            state.update(epoch=self._epoch, batches=0, finished=False, sampler=None)
+            gstate = gen.get_state() if _torch.is_generator(gen) else None
+        else:
+            state.update(epoch=where["epoch"], batches=where["batches"], finished=where["finished"],
+                         base_seed=where["base_seed"], sampler=self._sampler_state())
+            gstate = where["generator"]
+        if gstate is not None:
             state["generator"] = base64.b64encode(bytes(gstate.numpy().tobytes())).decode("ascii")
-        if run is not None and batches:
-            state["base_seed"] = run.pool.base_seed
         return state
+
+    def _sampler_state(self) -> Any:
+        """The index sampler's state: how its most recent iteration began."""
+        if self._iterable:
+            return None
+        sampler = self._index_sampler
+        sd = getattr(sampler, "state_dict", None)
+        if sd is None or (isinstance(sampler, BatchSampler) and getattr(sampler.sampler, "state_dict", None) is None):
+            if _is_stateless(sampler):
+                return None
+            name = type(sampler.sampler if isinstance(sampler, BatchSampler) else sampler).__name__
+            raise TypeError(f"{name} has no state_dict(): implement state_dict() and load_state_dict() "
+                            "on the sampler to make this loader resumable")
+        return sd()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from ``state``: the rest of the interrupted epoch, then the same epochs after."""
@@ -533,7 +539,9 @@ class DataLoader(Generic[T]):
             raw = base64.b64decode(state["generator"])
             gen.set_state(torch.frombuffer(bytearray(raw), dtype=torch.uint8))
         self._resume = {"epoch": int(state["epoch"]), "batches": int(state["batches"]),
-                        "base_seed": state.get("base_seed")}
+                        "base_seed": state.get("base_seed"), "finished": bool(state.get("finished")),
+                        "replay": sampler_state is not None}
+        self._loaded = dict(state)
         self._epoch = int(state["epoch"])
 
     def _dataset_len(self) -> int | None:
@@ -569,6 +577,62 @@ class DataLoader(Generic[T]):
 
 def _identity(x: Any) -> Any:
     return x
+
+
+class _Slices:
+    """Batches of indices as slices of the sampler's whole order (one array per epoch).
+
+    Used for datasets with ``gather``: no Python int per index, and the main process
+    can take many batches' indices at once.
+    """
+
+    def __init__(self, batch_sampler: BatchSampler, skip: int) -> None:
+        self.batch_sampler = batch_sampler
+        self.size = batch_sampler.batch_size
+        self.skip = skip
+        self.order: Any = None
+        self.pos = 0
+        self.end = 0
+
+    @classmethod
+    def of(cls, loader: DataLoader[Any], skip: int) -> _Slices | None:
+        bs = loader.batch_sampler
+        if type(bs) is not BatchSampler or not callable(getattr(bs.sampler, "order", None)):
+            return None
+        return cls(bs, skip)
+
+    def _load(self) -> None:
+        self.order = self.batch_sampler.sampler.order()
+        n = len(self.order)
+        self.end = n - n % self.size if self.batch_sampler.drop_last else n
+        self.pos = min(self.end, self.skip * self.size)
+
+    def __iter__(self) -> _Slices:
+        return self
+
+    def __next__(self) -> Any:
+        got = self.chunk(1)
+        if got is None:
+            raise StopIteration
+        return got
+
+    def chunk(self, batches: int) -> Any:
+        """The indices of the next ``batches`` batches, or None at the end of the epoch."""
+        if self.order is None:
+            self._load()
+        if self.pos >= self.end:
+            return None
+        stop = min(self.end, self.pos + batches * self.size)
+        out = self.order[self.pos:stop]
+        self.pos = stop
+        return out
+
+
+def _bulk_batches(dataset: Any, size: int, budget: int = 8 << 20) -> int:
+    """How many batches to gather at once: up to 64, within ``budget`` bytes."""
+    row = sum(a[:1].nbytes if hasattr(a, "nbytes") else a[:1].element_size() * a[:1].numel()
+              for a in getattr(dataset, "arrays", ()))
+    return max(1, min(64, budget // max(1, row * size)))
 
 
 def _cores() -> int:
@@ -624,6 +688,10 @@ class _Pool:
         self.launched = False  # workers were started at some point
         self.rng_states: dict[int, rng.RngState] = {}  # worker -> RNG state after its probing batches
         self.rng_sensitive = False  # the dataset draws from the global RNGs
+        from .datasets import ArrayDataset
+
+        # ArrayDataset.gather draws no randomness: many batches can be gathered at once
+        self.bulk = self.spec.gather and isinstance(loader.dataset, ArrayDataset) and loader.on_error == "raise"
         self.epoch_start = 0  # seq of the current epoch's first batch
         if self.num_workers == 0 and not auto_workers:
             self._holder.append(InlineExecutor(self.spec))
@@ -648,6 +716,10 @@ class _Pool:
             self._holder.append(ex)
             self.launched = True
         return self._holder[0]
+
+    def bulk_ok(self) -> bool:
+        """May the main process gather many batches at once (in-memory arrays, main-process mode)?"""
+        return self.bulk and (self.mode == "inline" or (self.num_workers == 0 and self.tuner is None))
 
     def serve_here(self) -> bool:
         """Should the main process make the next batch itself?
@@ -702,7 +774,10 @@ class _Pool:
             before = rng.RngState()
             t0 = time.perf_counter()
             local.schedule(task)
+            if not self.launched and self.num_workers:
+                local.watch = (10 * INLINE_MAX_S, self._start_early)
             result = local.run(task)
+            local.watch = None
             cost = time.perf_counter() - t0
             after = rng.RngState()
         finally:
@@ -711,9 +786,18 @@ class _Pool:
             self.rng_states[w] = after
             self.rng_sensitive = True
             self.spec = dataclasses.replace(self.spec, rng_states=dict(self.rng_states))
+            if self.launched and hasattr(self.executor, "set_rng"):
+                self.executor.set_rng(w, after)  # started early, before this batch ended
             if self.num_workers:
                 self.mode = "workers"
         return self._timed(result, cost)
+
+    def _start_early(self) -> None:
+        """A probing batch is slow: fork the workers now, while the main process finishes it."""
+        try:
+            _ = self.executor
+        except Exception:  # noqa: BLE001 - surfaces again, with its context, at the next dispatch
+            self._holder.clear()
 
     def _timed(self, result: Result, cost: float) -> Result:
         self.inline_batches += 1
@@ -810,13 +894,19 @@ class _Run(Generic[T]):
         self.epoch = epoch
         self.owns_pool = owns_pool
         self.finished = False
+        self.exhausted = False  # reached the end of its epoch
         self.yielded = skip
         self.stats = loader._stats
         gen = loader.generator
         self.generator_state = gen.get_state() if _torch.is_generator(gen) else None
-        self.batches: Iterator[Any] = iter(loader._index_sampler)
-        if skip:
-            self.batches = itertools.islice(self.batches, skip, None)
+        self.slices = _Slices.of(loader, skip) if pool.spec.gather else None
+        self.ready: collections.deque[Any] = collections.deque()  # batches of one bulk gather
+        if self.slices is not None:
+            self.batches: Iterator[Any] = self.slices
+        else:
+            self.batches = iter(loader._index_sampler)
+            if skip:
+                self.batches = itertools.islice(self.batches, skip, None)
         self.sampler_done = False
         self.first_seq = pool.seq
         pool.epoch_start = pool.seq
@@ -838,6 +928,13 @@ class _Run(Generic[T]):
         return len(self.loader)
 
     def __next__(self) -> T:
+        ready = self.ready
+        if ready and self.pin is None:
+            # batches already gathered in bulk: hand one out with the least bookkeeping
+            batch, size = ready.popleft()
+            self.yielded += 1
+            self.stats.handed_now(size)
+            return batch  # type: ignore[no-any-return]
         if self.finished:
             raise StopIteration
         asked = time.perf_counter()
@@ -858,6 +955,8 @@ class _Run(Generic[T]):
 
     def _next(self) -> tuple[Any, int]:
         pool = self.pool
+        if self.ready or (self.slices is not None and pool.bulk_ok()):
+            return self._bulk()
         if not self.inflight and not len(self.reorder):
             while pool.serve_here():
                 indices = next(self.batches)  # StopIteration ends the epoch
@@ -897,6 +996,32 @@ class _Run(Generic[T]):
                 else:
                     self.inflight.pop(ev.seq, None)
                     self.reorder.push(ev)
+
+    def _bulk(self) -> tuple[Any, int]:
+        """In-memory arrays made in the main process: one gather for many batches, then views."""
+        if not self.ready:
+            slices = self.slices
+            assert slices is not None
+            indices = slices.chunk(_bulk_batches(self.loader.dataset, slices.size))
+            if indices is None:
+                raise StopIteration
+            cols = self.loader.dataset.gather(indices, output=self.loader.output)
+            size = slices.size
+            if self.loader.output == "torch":
+                parts = [c.split(size) for c in cols]
+            else:
+                cuts = list(range(size, len(indices), size))
+                parts = [np.split(c, cuts) for c in cols]
+            count = len(parts[0])
+            sizes = [size] * count
+            sizes[-1] = len(indices) - size * (count - 1)
+            self.ready.extend(zip(map(list, zip(*parts)), sizes))
+            self.pool.seq += count
+            self.reorder.next = self.pool.seq
+        if self.pin is not None:
+            batch, n = self.ready.popleft()
+            return self.pin(batch), n
+        return self.ready.popleft()
 
     def _take(self, r: Result) -> tuple[Any, int] | None:
         """The user's batch from a result, or None when there is nothing to hand out."""
@@ -1063,10 +1188,17 @@ class _Run(Generic[T]):
         return RuntimeError(msg)
 
     # -- endings ------------------------------------------------------------
+    def where(self) -> dict[str, Any]:
+        """This run's position, for the loader's state_dict."""
+        return {"epoch": self.epoch, "batches": self.yielded, "finished": self.finished and self.exhausted,
+                "base_seed": self.pool.base_seed, "generator": self.generator_state}
+
     def _finish(self) -> None:
         if self.finished:
             return
+        self.exhausted = True
         self.finished = True
+        self.loader._ended = self.where()
         self.stats.epoch_end()
         if self.owns_pool:
             self.pool.close()
@@ -1076,6 +1208,8 @@ class _Run(Generic[T]):
         if self.finished:
             return
         self.finished = True
+        if self.loader._last_run is self:
+            self.loader._ended = self.where()
         for r in list(self.reorder.buffer.values()):
             if r.worker >= 0:
                 self.ex.release(r)
@@ -1089,6 +1223,10 @@ class _Run(Generic[T]):
 
     def __del__(self) -> None:
         try:
+            if not self.finished:
+                ref = self.loader._last_ref
+                if ref is None or ref() in (None, self):
+                    self.loader._ended = self.where()  # dropped mid-epoch: resume from here
             if self.owns_pool and not self.pool.dead:
                 self.pool.close()
         except Exception:

@@ -115,6 +115,9 @@ class Sampler(Generic[T]):
             >>> SequentialSampler(range(3)).state_dict()["class"]
             'SequentialSampler'
         """
+        if type(self).state_dict is Sampler.state_dict:
+            raise TypeError(f"{type(self).__name__} does not implement state_dict() and load_state_dict(): "
+                            "add them to make a loader using this sampler resumable")
         return {"version": VERSION, "class": type(self).__name__}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -155,6 +158,10 @@ class SequentialSampler(Sampler[int]):
 
     def __iter__(self) -> Iterator[int]:
         return iter(range(len(self.data_source)))
+
+    def order(self) -> np.ndarray:
+        """This iteration's whole sequence as one int64 array (what ``__iter__`` yields)."""
+        return np.arange(len(self.data_source), dtype=np.int64)
 
     def __len__(self) -> int:
         return len(self.data_source)
@@ -354,6 +361,40 @@ class RandomSampler(_Random):
                 yield from rng.permutation(n).tolist()
             if count % n:
                 yield from rng.permutation(n)[: count % n].tolist()
+
+    def order(self) -> np.ndarray:
+        """This iteration's whole sequence as one int64 array, drawn exactly as ``__iter__`` draws it.
+
+        >>> RandomSampler(range(4), seed=0).order().tolist() == list(RandomSampler(range(4), seed=0))
+        True
+        """
+        n = len(self.data_source)
+        count = self.num_samples
+        parts: list[np.ndarray] = []
+        if self._torch_mode:
+            torch = _torch.get()
+            assert torch is not None
+            gen = self._torch_start()
+            if self.replacement:
+                for _ in range(count // CHUNK):
+                    parts.append(torch.randint(high=n, size=(CHUNK,), dtype=torch.int64, generator=gen).numpy())
+                parts.append(torch.randint(high=n, size=(count % CHUNK,), dtype=torch.int64, generator=gen).numpy())
+            else:
+                for _ in range(count // n):
+                    parts.append(torch.randperm(n, generator=gen).numpy())
+                parts.append(torch.randperm(n, generator=gen).numpy()[: count % n])
+        else:
+            rng = self._numpy_start()
+            if self.replacement:
+                for start in range(0, count, NP_CHUNK):
+                    parts.append(rng.integers(0, n, size=min(NP_CHUNK, count - start)))
+            else:
+                for _ in range(count // n):
+                    parts.append(rng.permutation(n))
+                if count % n:
+                    parts.append(rng.permutation(n)[: count % n])
+        out = np.concatenate(parts) if len(parts) != 1 else parts[0]
+        return out.astype(np.int64, copy=False)
 
     def state_dict(self) -> dict[str, Any]:
         return {

@@ -124,6 +124,17 @@ class Stats:
             self.trace.append(("wait", LOOP, asked, got))
         self.last_handed = got
 
+    def handed_now(self, size: int) -> None:
+        """A batch that was ready in the main process (no wait): counted, timed as a step."""
+        now = time.perf_counter()
+        self.batches += 1
+        self.samples += size
+        last = self.last_handed
+        if last is not None:
+            self.steps += 1
+            self.step_s += now - last
+        self.last_handed = now
+
     def epoch_end(self) -> None:
         self.last_handed = None
         self.epochs += 1

@@ -79,13 +79,33 @@ class ArrayDataset(Dataset[tuple[Any, ...]]):
             output = "torch" if _torch.available() else "numpy"
         if output not in ("torch", "numpy"):
             raise ValueError(f"output must be 'auto', 'torch' or 'numpy', got {output!r}")
-        batch = [_take(a, indices) for a in self.arrays]
+        batch = _take_all(self.arrays, indices)
         if output == "numpy":
             return [b.numpy() if _torch.is_tensor(b) else b for b in batch]
         torch = _torch.get()
         if torch is None:
             raise ImportError("gather(output='torch') needs torch: pip install conveyor[torch]")
         return [b if _torch.is_tensor(b) else torch.from_numpy(b) for b in batch]
+
+
+def _take_all(arrays: tuple[Any, ...], indices: Sequence[int] | np.ndarray) -> list[Any]:
+    """One gather per array, converting the indices once (this runs once per batch)."""
+    if not isinstance(indices, np.ndarray):
+        indices = np.fromiter(indices, dtype=np.int64, count=len(indices))
+    if len(indices) and indices.min() < 0:
+        indices = np.where(indices < 0, indices + len(arrays[0]), indices)
+    idx_t: Any = None
+    out = []
+    for a in arrays:
+        if _torch.is_tensor(a):
+            if idx_t is None:
+                torch = _torch.get()
+                assert torch is not None
+                idx_t = torch.from_numpy(np.ascontiguousarray(indices, dtype=np.int64))
+            out.append(a.index_select(0, idx_t))
+        else:
+            out.append(a.take(indices, axis=0))
+    return out
 
 
 def _take(array: Any, indices: Sequence[int]) -> Any:

@@ -266,6 +266,15 @@ class ProcessExecutor:
             self.num_workers += 1
             self.workers[w] = self._spawn(w)
 
+    def set_rng(self, worker: int, state: Any) -> None:
+        """``worker`` takes over these global RNG states before its next task."""
+        wk = self.workers[worker]
+        if wk is not None:
+            try:
+                wk.tasks.send(Order(rng=state))
+            except (BrokenPipeError, OSError):
+                pass
+
     def set_threads(self, n: int) -> None:
         """Every worker fetches ``n`` samples at once from now on."""
         for wk in self.workers:

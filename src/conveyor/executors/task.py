@@ -63,9 +63,10 @@ class Order:
     freed: tuple[int, ...] = ()
     stop: bool = False
     threads: int = 0  # when > 0: fetch this many samples at once from now on
+    rng: Any = None  # global RNG states to take over (batches the main process made in its name)
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return Order, (self.tasks, self.freed, self.stop, self.threads)
+        return Order, (self.tasks, self.freed, self.stop, self.threads, self.rng)
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,6 +23,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import wait as futures_wait
 from dataclasses import dataclass
 from typing import Any
 
@@ -123,9 +124,13 @@ class Fetcher:
         # threads of one process share the global RNGs: seeding must hold a lock
         self.lock = _rng_lock if (shared_rng or spec.fetch_threads > 1) and spec.seed is not None else None
         self.cpu_clock = cpu_clock or time.thread_time
+        self.runs = 0
         self.pool: ThreadPoolExecutor | None = None
         self.threads = 1
         self.pending: dict[int, list[Future[Any]]] = {}
+        # (seconds, callback): called once when a batch takes longer (the main process
+        # starts its workers early when a probing batch turns out slow)
+        self.watch: tuple[float, Callable[[], None]] | None = None
         self.set_threads(spec.fetch_threads)
 
     def set_threads(self, n: int) -> None:
@@ -170,8 +175,15 @@ class Fetcher:
         indices = task.indices
         assert indices is not None
         futures = self.pending.pop(task.seq, None)
+        watch = self.watch
         if futures is not None:
+            if watch is not None:
+                if futures_wait(futures, timeout=watch[0]).not_done:
+                    self.watch = None
+                    watch[1]()
             samples = [f.result() for f in futures]
+        elif watch is not None:
+            samples = self._watched(indices, task.epoch, watch)
         elif self.spec.on_error == "skip":
             samples = [self._guarded(i, task.epoch) for i in indices]
         elif self.spec.seed is None:
@@ -183,6 +195,18 @@ class Fetcher:
         if skipped:
             samples = [s for s in samples if type(s) is not _Skipped]
         return samples, skipped
+
+    def _watched(self, indices: list[int], epoch: int, watch: tuple[float, Callable[[], None]]) -> list[Any]:
+        """Fetch one by one; once the batch has taken ``watch[0]`` seconds, call ``watch[1]`` (once)."""
+        fn = self._guarded if self.spec.on_error == "skip" else self._one
+        deadline = time.perf_counter() + watch[0]
+        out = []
+        for i in indices:
+            out.append(fn(i, epoch))
+            if self.watch is not None and time.perf_counter() > deadline:
+                self.watch = None
+                watch[1]()
+        return out
 
     def _batch_seed(self, task: Task) -> None:
         if self.spec.seed is not None and task.indices:
@@ -237,7 +261,9 @@ class Fetcher:
     def run(self, task: Task, collate: Callable[[Callable[[Any], Any], Any], Any] | None = None) -> Result:
         """Fetch and collate ``task``. ``collate(fn, samples)`` lets the caller wrap collation."""
         start = time.perf_counter()
-        cpu0 = self.cpu_clock()
+        # CPU clocks are system calls here (~10 us): sample one batch in eight
+        self.runs += 1
+        cpu0 = self.cpu_clock() if self.runs & 7 == 1 else None
         spec = self.spec
         try:
             if spec.iterable:
@@ -257,7 +283,7 @@ class Fetcher:
                 data = collate(spec.collate_fn, data) if collate is not None else spec.collate_fn(data)
             return Result(task.seq, self._wid(), batch=data, skipped=tuple(skipped),
                           start=start, fetched=fetched, end=time.perf_counter(),
-                          cpu=self.cpu_clock() - cpu0)
+                          cpu=None if cpu0 is None else self.cpu_clock() - cpu0)
         except Exception as exc:
             indices = task.indices
             return Result(task.seq, self._wid(), failure=capture(exc, self.worker_id, indices),
@@ -335,6 +361,8 @@ def serve(spec: WorkerSpec, worker_id: int, gen: int, tasks: Any, results: Any,
                     pool.release(list(order.freed))
                 if order.threads:
                     fetcher.set_threads(order.threads)
+                if order.rng is not None:
+                    order.rng.restore()
                 queue.extend(order.tasks)
                 for t in order.tasks:
                     fetcher.schedule(t)
@@ -374,6 +402,8 @@ def serve(spec: WorkerSpec, worker_id: int, gen: int, tasks: Any, results: Any,
                     pool.release(list(order.freed))
                 if order.threads:
                     fetcher.set_threads(order.threads)
+                if order.rng is not None:
+                    order.rng.restore()
                 queue.extend(order.tasks)
                 for t in order.tasks:
                     fetcher.schedule(t)
