@@ -485,11 +485,16 @@ class DataLoader(Generic[T]):
         gen = self.generator
         gstate = None
         if where is None:  # nothing iterated yet: the next epoch starts afresh
-            state.update(epoch=self._epoch, batches=0, finished=False, sampler=None)
+            state.update(epoch=self._epoch, batches=0, replay=False, sampler=None)
             gstate = gen.get_state() if _torch.is_generator(gen) else None
         else:
-            state.update(epoch=where["epoch"], batches=where["batches"], finished=where["finished"],
-                         base_seed=where["base_seed"], sampler=self._sampler_state())
+            if where["finished"]:
+                # the next epoch starts afresh, after replaying (without fetching) the draws of
+                # the one that ended, which is what the sampler's state describes
+                state.update(epoch=where["epoch"] + 1, batches=0, replay=True)
+            else:
+                state.update(epoch=where["epoch"], batches=where["batches"], replay=False)
+            state.update(base_seed=where["base_seed"], sampler=self._sampler_state())
             gstate = where["generator"]
         if gstate is not None:
             state["generator"] = base64.b64encode(bytes(gstate.numpy().tobytes())).decode("ascii")
@@ -538,8 +543,9 @@ class DataLoader(Generic[T]):
             assert torch is not None
             raw = base64.b64decode(state["generator"])
             gen.set_state(torch.frombuffer(bytearray(raw), dtype=torch.uint8))
-        self._resume = {"epoch": int(state["epoch"]), "batches": int(state["batches"]),
-                        "base_seed": state.get("base_seed"), "finished": bool(state.get("finished")),
+        replay = bool(state.get("replay"))
+        self._resume = {"epoch": int(state["epoch"]) - replay, "batches": int(state["batches"]),
+                        "base_seed": state.get("base_seed"), "finished": replay,
                         "replay": sampler_state is not None}
         self._loaded = dict(state)
         self._epoch = int(state["epoch"])
