@@ -30,7 +30,7 @@ import numpy as np
 
 from . import _torch, rng
 from .collate import default_collate, default_convert, numpy_collate
-from .errors import Failure, rebuild
+from .errors import Failure, capture, rebuild
 from .executors.inline import InlineExecutor
 from .executors.processes import ProcessExecutor
 from .executors.recovery import Recovery, WorkerDied
@@ -599,6 +599,7 @@ class _Slices:
         self.order: Any = None
         self.pos = 0
         self.end = 0
+        self.per_chunk = 0  # batches per bulk gather (set on first use)
 
     @classmethod
     def of(cls, loader: DataLoader[Any], skip: int) -> _Slices | None:
@@ -696,11 +697,22 @@ class _Pool:
         self.rng_sensitive = False  # the dataset draws from the global RNGs
         from .datasets import ArrayDataset
 
-        # ArrayDataset.gather draws no randomness: many batches can be gathered at once
+        # ArrayDataset.gather draws no randomness: many batches can be gathered at once, and
+        # an in-memory gather is never faster in a worker (which would copy it once more)
         self.bulk = self.spec.gather and isinstance(loader.dataset, ArrayDataset) and loader.on_error == "raise"
+        if self.bulk and self.mode == "probe":
+            self.mode = "inline"
+        if self.bulk and self.tuner is not None and self.auto is not None and self.auto["num_workers"]:
+            self.tuner.pin({"num_workers": 0, "fetch_threads": 1, "prefetch_factor": None,
+                            "reason": "in-memory arrays: one gather in the main process beats any worker"})
         self.epoch_start = 0  # seq of the current epoch's first batch
         if self.num_workers == 0 and not auto_workers:
             self._holder.append(InlineExecutor(self.spec))
+            if not loader._iterable:
+                self.mode = "inline"  # no workers: every batch is made here
+        # plain batches (no per-sample seeding, no skipping) need no task envelope in the main process
+        self.quick = (self.spec.auto_collation and not self.spec.iterable and self.spec.seed is None
+                      and self.spec.on_error == "raise")
 
     @classmethod
     def start(cls, loader: DataLoader[Any], base_seed: int) -> _Pool:
@@ -745,11 +757,25 @@ class _Pool:
                 ex.release(ev)
         return not ex.ready
 
-    def fetch_here(self, task: Task) -> Result:
-        """Run ``task`` in the main process, timing it for the workers-or-not decision."""
+    def local_fetcher(self) -> Fetcher:
+        """The main process's own fetcher (made on first use)."""
         if not self._locals:
             self._locals.append(Fetcher(self.spec, None))
-        local = self._locals[0]
+        return self._locals[0]
+
+    def note(self, cost: float) -> None:
+        """The cost of a batch made in the main process by the quick path."""
+        self.inline_batches += 1
+        costs = self.inline_costs
+        costs.append(cost)
+        if len(costs) >= 16:
+            if self.adaptive and self.tuner is None and sorted(costs)[4] > INLINE_MAX_S:
+                self.mode = "workers"  # batches got costly: time for the workers after all
+            costs.clear()
+
+    def fetch_here(self, task: Task) -> Result:
+        """Run ``task`` in the main process, timing it for the workers-or-not decision."""
+        local = self.local_fetcher()
         if self.mode == "probe" and self.spec.seed is None:
             return self._probe(local, task)
         restore = rng.RngState() if self.spec.seed is not None else None
@@ -811,6 +837,8 @@ class _Pool:
         costs.append(cost)
         if len(costs) > 16:
             del costs[0]
+        if not self.adaptive:
+            return result
         if self.tuner is not None and self.auto is not None and self.auto["num_workers"]:
             waits = result.cpu is not None and result.cpu < 0.5 * cost  # warm-up costs are CPU
             if self.num_workers == 0 and cost > 10 * INLINE_MAX_S and (waits or min(costs[-2:]) > 10 * INLINE_MAX_S
@@ -965,6 +993,8 @@ class _Run(Generic[T]):
             return self._bulk()
         if not self.inflight and not len(self.reorder):
             while pool.serve_here():
+                if pool.mode == "inline" and pool.quick:
+                    return self._quick()
                 indices = next(self.batches)  # StopIteration ends the epoch
                 task = Task(pool.seq, self.epoch, list(indices) if self.loader._auto_collation else [indices])
                 pool.seq += 1
@@ -1003,12 +1033,38 @@ class _Run(Generic[T]):
                     self.inflight.pop(ev.seq, None)
                     self.reorder.push(ev)
 
+    def _quick(self) -> tuple[Any, int]:
+        """A batch made in the main process, without the task envelope (the common, cheap case)."""
+        pool = self.pool
+        indices = next(self.batches)  # StopIteration ends the epoch
+        pool.seq += 1
+        self.reorder.next = pool.seq
+        fetcher = pool.local_fetcher()
+        start = time.perf_counter()
+        try:
+            batch = fetcher.quick(indices)
+        except Exception as exc:
+            # the same shape as a worker's failure: original type, traceback chained, a note
+            raise rebuild(capture(exc, None, indices))  # noqa: B904 - __cause__ is the traceback
+        end = time.perf_counter()
+        self.stats.result(-1, start, 0.0, end)
+        pool.note(end - start)
+        n = len(indices)
+        self.samples_seen += n
+        if self.to_numpy:
+            batch = to_numpy(batch)
+        if self.pin is not None:
+            batch = self.pin(batch)
+        return batch, n
+
     def _bulk(self) -> tuple[Any, int]:
         """In-memory arrays made in the main process: one gather for many batches, then views."""
         if not self.ready:
             slices = self.slices
             assert slices is not None
-            indices = slices.chunk(_bulk_batches(self.loader.dataset, slices.size))
+            if slices.per_chunk == 0:
+                slices.per_chunk = _bulk_batches(self.loader.dataset, slices.size)
+            indices = slices.chunk(slices.per_chunk)
             if indices is None:
                 raise StopIteration
             cols = self.loader.dataset.gather(indices, output=self.loader.output)

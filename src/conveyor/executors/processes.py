@@ -10,8 +10,10 @@ slots freed by the garbage collector ride back on the next order.
 from __future__ import annotations
 
 import gc
+import math
 import multiprocessing as mp
 import os
+import select
 import signal
 import time
 import warnings
@@ -73,10 +75,14 @@ class ProcessExecutor:
         self.warned = False
         self.pending_freed: dict[tuple[int, int], list[int]] = {}  # (worker, gen) -> slot ids
         self.froze = False  # this pool holds a gc freeze (fork only)
+        # one poll set for every result pipe and sentinel, kept across calls
+        self._poller = select.poll() if hasattr(select, "poll") else None
+        self._fds: dict[int, tuple[int, bool]] = {}  # fd -> (worker, is its sentinel)
         self.parent_pid = os.getpid()
         try:
             for w in range(num_workers):
                 self.workers[w] = self._spawn(w)
+                self._watch(w, self.workers[w])
             if wait_ready:
                 self._await_ready(start_timeout)
         except BaseException:
@@ -175,23 +181,45 @@ class ProcessExecutor:
                 except (BrokenPipeError, OSError):
                     pass
 
-    def poll(self, timeout: float | None) -> list[Event]:
-        conns: dict[Any, int] = {}
-        for w, wk in enumerate(self.workers):
-            if wk is None:
-                continue
-            conns[wk.results] = w
-            conns[wk.proc.sentinel] = w
-        if not conns:
+    def _ready(self, timeout: float | None) -> list[tuple[int, bool]]:
+        """(worker, is its sentinel) for every pipe or sentinel ready within ``timeout``."""
+        if self._poller is None:  # no select.poll here: build the wait list each time
+            conns: dict[Any, tuple[int, bool]] = {}
+            for w, wk in enumerate(self.workers):
+                if wk is not None:
+                    conns[wk.results] = (w, False)
+                    conns[wk.proc.sentinel] = (w, True)
+            return [conns[obj] for obj in wait(list(conns), timeout)] if conns else []
+        if not self._fds:
             return []
-        ready = wait(list(conns), timeout)
+        ms = -1 if timeout is None else max(0, math.ceil(timeout * 1000))
+        while True:
+            try:
+                ready = self._poller.poll(ms)
+                break
+            except InterruptedError:  # pragma: no cover - PEP 475 retries on its own
+                continue
+        return [self._fds[fd] for fd, _ in ready if fd in self._fds]
+
+    def _watch(self, w: int, wk: _Worker) -> None:
+        if self._poller is not None:
+            for fd, sentinel in ((wk.results.fileno(), False), (wk.proc.sentinel, True)):
+                self._poller.register(fd, select.POLLIN | select.POLLHUP | select.POLLERR)
+                self._fds[fd] = (w, sentinel)
+
+    def _unwatch(self, wk: _Worker) -> None:
+        if self._poller is not None:
+            for fd in [fd for fd, (w, _) in self._fds.items() if self.workers[w] is wk]:
+                self._poller.unregister(fd)
+                del self._fds[fd]
+
+    def poll(self, timeout: float | None) -> list[Event]:
         events: list[Event] = []
         dead: set[int] = set()
-        for obj in ready:
-            w = conns[obj]
+        for w, sentinel in self._ready(timeout):
             wk = self.workers[w]
             assert wk is not None
-            if obj is wk.results:
+            if not sentinel:
                 while True:
                     try:
                         if not wk.results.poll():
@@ -265,6 +293,7 @@ class ProcessExecutor:
             self.ledger.held.append({})
             self.num_workers += 1
             self.workers[w] = self._spawn(w)
+            self._watch(w, self.workers[w])
 
     def set_rng(self, worker: int, state: Any) -> None:
         """``worker`` takes over these global RNG states before its next task."""
@@ -296,6 +325,7 @@ class ProcessExecutor:
         """Replace a dead worker (new generation); its unfinished tasks are returned."""
         old = self.workers[worker]
         if old is not None:
+            self._unwatch(old)
             self._reap(old)
             transport.sweep(f"{self.prefix}w{worker}g{old.gen}_")
             self.pending_freed.pop((worker, old.gen), None)
@@ -303,6 +333,7 @@ class ProcessExecutor:
         self.gens[worker] += 1
         wk = self._spawn(worker)
         self.workers[worker] = wk
+        self._watch(worker, wk)
         # wait for its hello so start-up failures surface here
         deadline = time.monotonic() + 60
         while not wk.ready:
@@ -402,6 +433,7 @@ class ProcessExecutor:
         for wk in workers:
             wk.proc.join(max(0.0, deadline - time.monotonic()))
         for wk in workers:
+            self._unwatch(wk)
             self._reap(wk, timeout=0.0)
         self.workers = [None] * self.num_workers
         self.views.close()

@@ -106,6 +106,7 @@ class WorkerSpec:
 
 
 _rng_lock = threading.Lock()
+WORKER_NICE = int(os.environ.get("CONVEYOR_WORKER_NICE", "5"))
 
 
 class Fetcher:
@@ -195,6 +196,23 @@ class Fetcher:
         if skipped:
             samples = [s for s in samples if type(s) is not _Skipped]
         return samples, skipped
+
+    def quick(self, indices: list[int]) -> Any:
+        """Fetch and collate a batch with no envelope: no seeding, skipping, timing or capture.
+
+        The main process's fast path for plain batches; errors propagate as they are.
+        """
+        if self.gather is not None:
+            return self.gather(indices, output=self.spec.output)
+        ds = self.dataset
+        if self.has_getitems:
+            samples = ds.__getitems__(indices)
+        elif self.pool is not None:
+            samples = list(self.pool.map(ds.__getitem__, indices))
+        else:
+            samples = [ds[i] for i in indices]
+        fn = self.spec.collate_fn
+        return fn(samples) if fn is not None else samples
 
     def _watched(self, indices: list[int], epoch: int, watch: tuple[float, Callable[[], None]]) -> list[Any]:
         """Fetch one by one; once the batch has taken ``watch[0]`` seconds, call ``watch[1]`` (once)."""
@@ -326,6 +344,13 @@ def serve(spec: WorkerSpec, worker_id: int, gen: int, tasks: Any, results: Any,
           parent_pid: int, prefix: str) -> None:
     """Entry point of a process worker: read ``Order``s, answer ``Result``s."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the main process's to handle
+    if WORKER_NICE:
+        try:
+            # loading fills the cores the training loop leaves idle; where both want the same
+            # core, the training step (the critical path) goes first
+            os.nice(WORKER_NICE)
+        except OSError:
+            pass
     torch = sys.modules.get("torch")
     if torch is not None:
         torch.set_num_threads(1)
