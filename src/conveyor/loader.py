@@ -40,6 +40,7 @@ from .executors.threads import ThreadExecutor
 from .executors.worker import Fetcher, WorkerSpec
 from .samplers import BatchSampler, RandomSampler, Sampler, SequentialSampler
 from .stats import Stats
+from ._tree import tree_map
 from .transport import to_numpy
 
 __all__ = ["DataLoader", "TooManyFailures", "STATE_VERSION"]
@@ -50,6 +51,9 @@ _TICK = 1.0  # seconds between liveness checks while waiting
 # A batch that costs less than this in the main process is cheaper to make there
 # than to receive from a worker (pickle, pipe, wake-ups): adaptive loaders keep it.
 INLINE_MAX_S = 200e-6
+# A batch produced faster than this (bytes of arrays per second) is a memory copy: a worker
+# would repeat the copy into shared memory and add a trip, so the main process keeps it.
+INLINE_RATE = 2e9
 
 
 class TooManyFailures(RuntimeError):
@@ -585,6 +589,20 @@ def _identity(x: Any) -> Any:
     return x
 
 
+def _nbytes(batch: Any) -> int:
+    """Bytes of array data in a batch (numpy arrays and tensors)."""
+    total = 0
+
+    def leaf(obj: Any) -> None:
+        nonlocal total
+        n = getattr(obj, "nbytes", None)
+        if isinstance(n, int):
+            total += n
+
+    tree_map(leaf, batch)
+    return total
+
+
 class _Slices:
     """Batches of indices as slices of the sampler's whole order (one array per epoch).
 
@@ -691,6 +709,9 @@ class _Pool:
                                          and loader.worker_init_fn is None)
         self.mode = "probe" if self.adaptive else "workers"
         self.inline_costs: list[float] = []
+        self.inline_rates: list[float] = []  # bytes per second of the main-process batches
+        self.copying = False  # main-process batches are made at memory-copy speed
+        self.on_early: Callable[[], None] | None = None  # the run's dispatch, for _start_early
         self.inline_batches = 0
         self.launched = False  # workers were started at some point
         self.rng_states: dict[int, rng.RngState] = {}  # worker -> RNG state after its probing batches
@@ -769,7 +790,7 @@ class _Pool:
         costs = self.inline_costs
         costs.append(cost)
         if len(costs) >= 16:
-            if self.adaptive and self.tuner is None and sorted(costs)[4] > INLINE_MAX_S:
+            if self.adaptive and self.tuner is None and not self.copying and sorted(costs)[4] > INLINE_MAX_S:
                 self.mode = "workers"  # batches got costly: time for the workers after all
             costs.clear()
 
@@ -830,6 +851,9 @@ class _Pool:
             _ = self.executor
         except Exception:  # noqa: BLE001 - surfaces again, with its context, at the next dispatch
             self._holder.clear()
+            return
+        if self.on_early is not None:
+            self.on_early()  # hand the next batches out at once, so workers overlap this one
 
     def _timed(self, result: Result, cost: float) -> Result:
         self.inline_batches += 1
@@ -839,27 +863,36 @@ class _Pool:
             del costs[0]
         if not self.adaptive:
             return result
+        # A batch made at memory speed (gathering arrays already in memory) gains nothing from
+        # a worker, which would copy it once more into shared memory: keep such batches here.
+        rate = _nbytes(result.batch) / cost if cost > 0 else 0.0
+        rates = self.inline_rates
+        rates.append(rate)
+        copying = self.copying = len(rates) >= 2 and min(rates[-2:]) > INLINE_RATE
         if self.tuner is not None and self.auto is not None and self.auto["num_workers"]:
             waits = result.cpu is not None and result.cpu < 0.5 * cost  # warm-up costs are CPU
-            if self.num_workers == 0 and cost > 10 * INLINE_MAX_S and (waits or min(costs[-2:]) > 10 * INLINE_MAX_S
-                                                                      and len(costs) >= 2):
+            if self.num_workers == 0 and cost > 10 * INLINE_MAX_S and not copying and (
+                    waits or len(costs) >= 2 and min(costs[-2:]) > 10 * INLINE_MAX_S):
                 self._jump_start(result, cost)
             elif len(costs) >= 4 and self.mode == "probe":
                 typical = sorted(costs)[len(costs) // 2]
-                if typical <= INLINE_MAX_S:
+                if typical <= INLINE_MAX_S or copying:
                     self.mode = "inline"
+                    why = (f"batches are made at {rate / 1e9:.1f} GB/s in the main process (copying memory): "
+                           "workers would only copy them again" if copying else
+                           f"a batch costs {typical * 1e6:.0f} us in the main process, less than a trip "
+                           "from a worker")
                     self.tuner.pin({"num_workers": 0, "fetch_threads": self.threads, "prefetch_factor": None,
-                                    "reason": f"a batch costs {typical * 1e6:.0f} us in the main process, less "
-                                              "than a trip from a worker: no workers"})
-        elif self.rng_sensitive or cost > 50 * INLINE_MAX_S or (
-                len(costs) >= 2 and min(costs[-2:]) > 10 * INLINE_MAX_S):
+                                    "reason": why + ": no workers"})
+        elif self.rng_sensitive or (not copying and (cost > 50 * INLINE_MAX_S and rate < INLINE_RATE or (
+                len(costs) >= 2 and min(costs[-2:]) > 10 * INLINE_MAX_S))):
             # clearly worth a worker (one batch can be slow because the machine is busy:
             # a moderately slow one must be seen twice), or only a worker makes it right
             self.mode = "workers"
         elif len(costs) >= 4:
             # a low quantile: a busy machine preempts some batches, which says nothing of their cost
             typical = sorted(costs)[len(costs) // 4]
-            self.mode = "workers" if typical > INLINE_MAX_S else "inline"
+            self.mode = "workers" if typical > INLINE_MAX_S and not copying else "inline"
         return result
 
     # -- num_workers / fetch_threads / prefetch_factor = "auto" --------------
@@ -999,7 +1032,14 @@ class _Run(Generic[T]):
                 task = Task(pool.seq, self.epoch, list(indices) if self.loader._auto_collation else [indices])
                 pool.seq += 1
                 self.reorder.next = pool.seq
-                out = self._take(pool.fetch_here(task))
+                # if this batch turns out slow and workers start meanwhile, they get the next
+                # batches at once, all but those of the worker whose RNG this batch stands in for
+                pool.on_early = lambda: self._fill(hold=(task.seq - self.first_seq) % max(1, pool.num_workers))
+                try:
+                    result = pool.fetch_here(task)
+                finally:
+                    pool.on_early = None
+                out = self._take(result)
                 if out is not None:
                     return out
         waited_since = time.monotonic()
@@ -1134,7 +1174,8 @@ class _Run(Generic[T]):
             raise err from rebuild(first)
 
     # -- dispatch -----------------------------------------------------------
-    def _fill(self) -> None:
+    def _fill(self, hold: int | None = None) -> None:
+        """Hand out tasks up to each worker's prefetch; ``hold``: a worker to give none to now."""
         ex = self.ex
         if self.sampler_done:
             return
@@ -1165,7 +1206,7 @@ class _Run(Generic[T]):
             else:
                 self.sampler_done = True
                 break
-            if held[w] >= cap:
+            if held[w] >= cap or w == hold:
                 break  # the turn stays with w: order must follow the rotation
             task = self._next_task(w)
             if task is None:

@@ -377,20 +377,25 @@ def serve(spec: WorkerSpec, worker_id: int, gen: int, tasks: Any, results: Any,
                     return fn(samples)
             return call
 
+        def accept(order: Order | None) -> bool:
+            """Apply an order; False when it says stop (or the main process is gone)."""
+            if order is None or order.stop:
+                return False
+            if pool is not None and order.freed:
+                pool.release(list(order.freed))
+            if order.threads:
+                fetcher.set_threads(order.threads)
+            if order.rng is not None:
+                order.rng.restore()
+            queue.extend(order.tasks)
+            for t in order.tasks:
+                fetcher.schedule(t)
+            return True
+
         while True:
             if not queue:
-                order = _receive(tasks, parent_pid)
-                if order is None or order.stop:
+                if not accept(_receive(tasks, parent_pid)):
                     return
-                if pool is not None and order.freed:
-                    pool.release(list(order.freed))
-                if order.threads:
-                    fetcher.set_threads(order.threads)
-                if order.rng is not None:
-                    order.rng.restore()
-                queue.extend(order.tasks)
-                for t in order.tasks:
-                    fetcher.schedule(t)
                 continue
             task = queue.pop(0)
             writer = Writer(pool) if pool is not None and pool.failed is None else None
@@ -420,18 +425,8 @@ def serve(spec: WorkerSpec, worker_id: int, gen: int, tasks: Any, results: Any,
             results.send(result)
             # take any orders that arrived meanwhile, without blocking
             while tasks.poll():
-                order = tasks.recv()
-                if order is None or order.stop:
+                if not accept(tasks.recv()):
                     return
-                if pool is not None and order.freed:
-                    pool.release(list(order.freed))
-                if order.threads:
-                    fetcher.set_threads(order.threads)
-                if order.rng is not None:
-                    order.rng.restore()
-                queue.extend(order.tasks)
-                for t in order.tasks:
-                    fetcher.schedule(t)
     except (BrokenPipeError, EOFError, ConnectionResetError):
         return
     finally:
