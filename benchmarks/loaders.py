@@ -54,6 +54,17 @@ def available(name: str) -> str | None:
     return None
 
 
+def preload(name: str) -> None:
+    """Import what loader ``name`` needs, so that no import is timed (torch's never is: the
+    parent imported it before forking the child)."""
+    if name.startswith("conveyor"):
+        importlib.import_module("conveyor")
+    elif name == "torchdata2":
+        importlib.import_module("torchdata.stateful_dataloader")
+    elif name in PEER_MODULES:
+        importlib.import_module(PEER_MODULES[name])
+
+
 def workers_of(name: str) -> int | None:
     """The worker count a loader name stands for (None for "auto")."""
     if name.endswith("_auto"):

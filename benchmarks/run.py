@@ -64,6 +64,7 @@ def child(scenario_name: str, loader_name: str, quick: bool, profile_dir: str | 
         return {"status": "skip", "note": str(e)}
     opts = {**setup.opts.get(base, {}), **setup.opts.get(loader_name, {}), **extra}
 
+    loaders.preload(base)
     profiler = None
     if profile_dir:
         import cProfile
