@@ -232,12 +232,17 @@ def key(batch: Any) -> bytes:
 
 
 def shm_entries(pid: int | None = None) -> set[str]:
-    """``/dev/shm`` entries made by loaders of process ``pid`` (default: this one)."""
+    """``/dev/shm`` segments and temp-dir stack files made by loaders of process ``pid`` (default: this one)."""
+    import tempfile
+
     prefix = f"conveyor_{os.getpid() if pid is None else pid}_"
-    try:
-        return {n for n in os.listdir(SHM) if n.startswith(prefix)}
-    except OSError:
-        return set()
+    found: set[str] = set()
+    for folder, suffix in ((SHM, ""), (tempfile.gettempdir(), ".stack")):
+        try:
+            found |= {n for n in os.listdir(folder) if n.startswith(prefix) and n.endswith(suffix)}
+        except OSError:
+            pass
+    return found
 
 
 def all_shm_entries() -> set[str]:

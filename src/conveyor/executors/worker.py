@@ -354,7 +354,8 @@ def serve(spec: WorkerSpec, worker_id: int, gen: int, tasks: Any, results: Any,
     torch = sys.modules.get("torch")
     if torch is not None:
         torch.set_num_threads(1)
-    stack_file = _install_stack_dump(stack_path(prefix, worker_id, gen))
+    stack_at = stack_path(prefix, worker_id, gen)
+    stack_file = _install_stack_dump(stack_at)
     from ..collate import use_allocator
     from ..transport import Packed, SlotPool, Writer, encode
     from ..transport import segment as _segment
@@ -434,6 +435,10 @@ def serve(spec: WorkerSpec, worker_id: int, gen: int, tasks: Any, results: Any,
             pool.close()
         if stack_file is not None:
             stack_file.close()
+            try:
+                os.unlink(stack_at)  # also when the main process is gone and cannot sweep it
+            except OSError:
+                pass
 
 
 def _rss() -> int | None:
