@@ -212,6 +212,3 @@ class Views:
             self._unmap(seg, sync=True)
         self.segments.clear()
 
-
-def nbytes_of(obj: Any) -> int:
-    return int(getattr(obj, "nbytes", 0))
