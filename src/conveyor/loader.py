@@ -829,6 +829,8 @@ class _Pool:
             local.schedule(task)
             if not self.launched and self.num_workers:
                 local.watch = (10 * INLINE_MAX_S, self._start_early)
+            elif not self.launched and self.auto is not None and self.auto["num_workers"]:
+                local.watch = (10 * INLINE_MAX_S, self._start_early_auto)
             result = local.run(task)
             local.watch = None
             cost = time.perf_counter() - t0
@@ -854,6 +856,13 @@ class _Pool:
             return
         if self.on_early is not None:
             self.on_early()  # hand the next batches out at once, so workers overlap this one
+
+    def _start_early_auto(self) -> None:
+        """num_workers="auto" and a probing batch is slow: start one worker per core now;
+        the tuner trims fetch threads and prefetch from what it then measures."""
+        self.apply(_cores(), self.threads, self.prefetch)
+        if self.on_early is not None:
+            self.on_early()
 
     def _timed(self, result: Result, cost: float) -> Result:
         self.inline_batches += 1
