@@ -40,6 +40,7 @@ from .executors.threads import ThreadExecutor
 from .executors.worker import Fetcher, WorkerSpec
 from .samplers import BatchSampler, RandomSampler, Sampler, SequentialSampler
 from .stats import Stats
+from .tuning import Tuner
 from ._tree import tree_map
 from .transport import to_numpy
 
@@ -54,6 +55,9 @@ INLINE_MAX_S = 200e-6
 # A batch produced faster than this (bytes of arrays per second) is a memory copy: a worker
 # would repeat the copy into shared memory and add a trip, so the main process keeps it.
 INLINE_RATE = 2e9
+# A probing batch still running after this long starts the workers there and then (the
+# first one: later ones after 10 x INLINE_MAX_S), so they overlap the rest of it.
+EARLY_START_S = 0.025
 
 
 class TooManyFailures(RuntimeError):
@@ -691,8 +695,6 @@ class _Pool:
         self.auto = loader._auto
         self.tuner: Any = None
         if self.auto is not None:
-            from .tuning import Tuner
-
             self.tuner = Tuner(cpu=_cores())
             if self.auto["num_workers"]:
                 self.num_workers = 0
@@ -827,10 +829,13 @@ class _Pool:
             before = rng.RngState()
             t0 = time.perf_counter()
             local.schedule(task)
-            if not self.launched and self.num_workers:
-                local.watch = (10 * INLINE_MAX_S, self._start_early)
-            elif not self.launched and self.auto is not None and self.auto["num_workers"]:
-                local.watch = (10 * INLINE_MAX_S, self._start_early_auto)
+            # the very first batch also pays one-time costs (first touch of the data, first
+            # calls into libraries): it must look slower before it is taken as a sign
+            early = EARLY_START_S if not self.inline_costs else 10 * INLINE_MAX_S
+            if not self.launched and self.num_workers and not self.copying:
+                local.watch = (early, self._start_early)
+            elif not self.launched and self.auto is not None and self.auto["num_workers"] and not self.copying:
+                local.watch = (early, self._start_early_auto)
             result = local.run(task)
             local.watch = None
             cost = time.perf_counter() - t0

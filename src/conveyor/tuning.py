@@ -50,11 +50,21 @@ def cpu_budget() -> int:
 
 
 def ram_budget(fraction: float = 0.5) -> int | None:
-    """Bytes the loader may add: ``fraction`` of available memory, or None without psutil.
+    """Bytes the loader may add: ``fraction`` of available memory (None when it cannot be told).
+
+    Reads /proc/meminfo where there is one (no import: the tuner starts with the loader),
+    else asks psutil.
 
     >>> b = ram_budget(); b is None or b > 0
     True
     """
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(int(line.split()[1]) * 1024 * fraction)
+    except (OSError, ValueError, IndexError):
+        pass
     try:
         import psutil
     except ImportError:
