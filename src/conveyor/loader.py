@@ -382,13 +382,13 @@ class DataLoader(Generic[T]):
             self.sampler.set_epoch(epoch)
         if persistent:
             if self._persistent is None or self._persistent.dead:
-                self._persistent = _Pool.start(self, base_seed if base_seed is not None
+                self._persistent = _Pool(self, base_seed if base_seed is not None
                                                else self._draw_base_seed(epoch))
             pool = self._persistent
             for run in list(self._runs):
                 run._abandon()
         else:
-            pool = _Pool.start(self, base_seed if base_seed is not None else self._draw_base_seed(epoch))
+            pool = _Pool(self, base_seed if base_seed is not None else self._draw_base_seed(epoch))
         run = _Run(self, pool, epoch, skip, owns_pool=not (self.persistent_workers and self.num_workers > 0))
         self._runs.add(run)
         self._last_ref = weakref.ref(run)
@@ -736,10 +736,6 @@ class _Pool:
         # plain batches (no per-sample seeding, no skipping) need no task envelope in the main process
         self.quick = (self.spec.auto_collation and not self.spec.iterable and self.spec.seed is None
                       and self.spec.on_error == "raise")
-
-    @classmethod
-    def start(cls, loader: DataLoader[Any], base_seed: int) -> _Pool:
-        return cls(loader, base_seed)
 
     @property
     def started(self) -> bool:

@@ -365,6 +365,9 @@ class RandomSampler(_Random):
     def order(self) -> np.ndarray:
         """This iteration's whole sequence as one int64 array, drawn exactly as ``__iter__`` draws it.
 
+        ``__iter__`` keeps its own lazy, chunk-by-chunk draws: an epoch broken off early
+        must leave a shared generator where torch's sampler would leave it.
+
         >>> RandomSampler(range(4), seed=0).order().tolist() == list(RandomSampler(range(4), seed=0))
         True
         """
