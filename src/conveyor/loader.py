@@ -922,9 +922,14 @@ class _Pool:
                 threads = min(64, max(2, math.ceil(cost / max(result.cpu, 1e-4))))
         self.apply(cores, threads, self.prefetch)
 
+    def tuning(self) -> bool:
+        """Is the tuner still open to change (so worth a stats snapshot)?"""
+        tuner = self.tuner
+        return tuner is not None and not (tuner._pinned is not None and tuner.decision().settled)
+
     def retune(self, snap: dict[str, Any]) -> None:
         tuner = self.tuner
-        if tuner is None or tuner.decision().settled and tuner._pinned is not None:
+        if tuner is None or not self.tuning():
             return
         tuner.observe(snap)
         d = tuner.decision()
@@ -1029,7 +1034,7 @@ class _Run(Generic[T]):
             raise
         self.yielded += 1
         self.stats.handed(asked, time.perf_counter(), size, len(self.reorder))
-        if self.pool.tuner is not None and self.yielded % 8 == 0:
+        if self.pool.tuner is not None and self.yielded % 8 == 0 and self.pool.tuning():
             self.pool.retune(self.loader.stats())
         return batch
 
@@ -1063,6 +1068,10 @@ class _Run(Generic[T]):
         while True:
             r = self.reorder.pop()
             if r is not None:
+                if self.inflight and self.ex.kind != "inline":
+                    # a batch was waiting here: collect what else is done, without blocking, and
+                    # refill, so a worker never sits idle while its results sit in the pipe
+                    self._absorb(self.ex.poll(0))
                 out = self._take(r)
                 if out is not None:
                     return out
@@ -1081,14 +1090,21 @@ class _Run(Generic[T]):
                         raise self._timeout_error()
                     waited_since = time.monotonic()
                 continue
-            for ev in events:
-                if isinstance(ev, Death):
-                    self._on_death(ev)
-                elif ev.seq < self.first_seq or ev.seq not in self.inflight:
-                    self.ex.release(ev)  # from an abandoned epoch
-                else:
-                    self.inflight.pop(ev.seq, None)
-                    self.reorder.push(ev)
+            self._absorb(events)
+
+    def _absorb(self, events: list[Any]) -> None:
+        """Take finished batches and deaths from the executor, then refill at once: results
+        often arrive together, and a worker must not wait for the consumer to run dry
+        before it hears of its next batch."""
+        for ev in events:
+            if isinstance(ev, Death):
+                self._on_death(ev)
+            elif ev.seq < self.first_seq or ev.seq not in self.inflight:
+                self.ex.release(ev)  # from an abandoned epoch
+            else:
+                self.inflight.pop(ev.seq, None)
+                self.reorder.push(ev)
+        self._fill()
 
     def _quick(self) -> tuple[Any, int]:
         """A batch made in the main process, without the task envelope (the common, cheap case)."""
@@ -1207,6 +1223,8 @@ class _Run(Generic[T]):
                 return
             self._send(0, 1)
             return
+        if len(self.inflight) >= n * cap and self.rr >= 0:
+            return  # every worker holds its share (strict round robin keeps them even)
         if self.rr < 0:  # the first dispatch of this epoch: batches made in the main process came first
             self.rr = (self.pool.seq - self.first_seq) % max(1, n)
         while len(self.active) < n:
