@@ -46,6 +46,31 @@ def test_large_batches_are_views_of_shared_memory() -> None:
         assert len(rest) == 1
 
 
+def torch_collate_with_labels(samples: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, bool]:
+    """A user's collate_fn that calls torch's own default_collate (and says where it put it)."""
+    images = tud.default_collate(samples)
+    return images, torch.tensor([int(s[0, 0, 0]) for s in samples]), images.is_shared()
+
+
+@pytest.mark.timeout(60)
+def test_torch_default_collate_in_a_worker_writes_into_the_slot() -> None:
+    # torch's default_collate, called by a user's collate_fn inside a worker, would put each
+    # batch in a fresh torch shared-memory segment; conveyor's workers route it into the slot
+    ds = Images(128)
+    with conveyor.DataLoader(ds, batch_size=64, collate_fn=torch_collate_with_labels, **PROCESS) as loader:
+        batches = list(loader)
+    assert len(batches) == 2
+    for k, (images, labels, torch_shared) in enumerate(batches):
+        assert not torch_shared, "torch's default_collate made a torch shared-memory segment in the worker"
+        want = list(range(64 * k, 64 * k + 64))
+        assert torch.equal(images, tud.default_collate([ds[i] for i in want]))
+        assert labels.tolist() == [i % 251 for i in want]
+        assert in_shm(images), "torch's default_collate should have stacked into conveyor's slot"
+    # the main process's table is torch's own
+    from torch.utils.data._utils import collate as torch_collate
+    assert torch_collate.default_collate_fn_map[torch.Tensor] is torch_collate.collate_tensor_fn
+
+
 @pytest.mark.timeout(60)
 def test_held_batches_are_never_overwritten() -> None:
     ds = Images(160)

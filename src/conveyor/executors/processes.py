@@ -23,7 +23,7 @@ from typing import Any
 from .. import transport
 from ..errors import rebuild
 from .base import Event, Ledger
-from .task import Death, Hello, Order, Result, Task
+from .task import Death, Hello, Order, Readable, Result, Task, send
 from .worker import WorkerSpec, serve, stack_path
 
 __all__ = ["ProcessExecutor", "StartupError"]
@@ -42,7 +42,7 @@ _GUARD_HINT = (
 
 
 class _Worker:
-    __slots__ = ("proc", "tasks", "results", "gen", "pid", "ready")
+    __slots__ = ("proc", "tasks", "results", "gen", "pid", "ready", "readable")
 
     def __init__(self, proc: Any, tasks: Connection, results: Connection, gen: int) -> None:
         self.proc = proc
@@ -51,6 +51,7 @@ class _Worker:
         self.gen = gen
         self.pid: int | None = proc.pid
         self.ready = False
+        self.readable = Readable(results)
 
 
 class ProcessExecutor:
@@ -154,7 +155,7 @@ class ProcessExecutor:
         self.ledger.add(worker, tasks)
         freed = self._freed_for(worker, wk.gen)
         try:
-            wk.tasks.send(Order(tuple(tasks), freed))
+            send(wk.tasks, Order(tuple(tasks), freed))
         except (BrokenPipeError, OSError):
             pass  # the worker died; poll() reports it and recovery re-issues the tasks
 
@@ -222,7 +223,7 @@ class ProcessExecutor:
             if not sentinel:
                 while True:
                     try:
-                        if not wk.results.poll():
+                        if not wk.readable():
                             break
                         msg = wk.results.recv()
                     except (EOFError, OSError):
@@ -240,7 +241,7 @@ class ProcessExecutor:
             assert wk is not None
             # drain what it sent before dying
             try:
-                while wk.results.poll():
+                while wk.readable():
                     msg = wk.results.recv()
                     if isinstance(msg, Result):
                         self._note(w, wk, msg)

@@ -29,7 +29,7 @@ from typing import Any
 
 from .. import rng
 from ..errors import Failure, capture
-from .task import Hello, Order, Result, Task
+from .task import Hello, Order, Readable, Result, Task, send
 
 __all__ = ["WorkerInfo", "WorkerSpec", "Fetcher", "get_worker_info", "serve"]
 
@@ -354,6 +354,7 @@ def serve(spec: WorkerSpec, worker_id: int, gen: int, tasks: Any, results: Any,
     torch = sys.modules.get("torch")
     if torch is not None:
         torch.set_num_threads(1)
+        _route_torch_collate(torch)
     stack_at = stack_path(prefix, worker_id, gen)
     stack_file = _install_stack_dump(stack_at)
     from ..collate import use_allocator
@@ -369,6 +370,7 @@ def serve(spec: WorkerSpec, worker_id: int, gen: int, tasks: Any, results: Any,
             return
         results.send(Hello(worker_id, os.getpid()))
         queue: list[Task] = []
+        readable = Readable(tasks)
         warned = False
         done = 0
 
@@ -395,7 +397,7 @@ def serve(spec: WorkerSpec, worker_id: int, gen: int, tasks: Any, results: Any,
 
         while True:
             if not queue:
-                if not accept(_receive(tasks, parent_pid)):
+                if not accept(_receive(tasks, readable, parent_pid)):
                     return
                 continue
             task = queue.pop(0)
@@ -423,9 +425,9 @@ def serve(spec: WorkerSpec, worker_id: int, gen: int, tasks: Any, results: Any,
             done += 1
             if done % 16 == 1:
                 result.rss = _rss()
-            results.send(result)
+            send(results, result)
             # take any orders that arrived meanwhile, without blocking
-            while tasks.poll():
+            while readable():
                 if not accept(tasks.recv()):
                     return
     except (BrokenPipeError, EOFError, ConnectionResetError):
@@ -441,6 +443,26 @@ def serve(spec: WorkerSpec, worker_id: int, gen: int, tasks: Any, results: Any,
                 pass
 
 
+def _route_torch_collate(torch: Any) -> None:
+    """Make torch's ``default_collate`` stack tensors with conveyor's ``collate_tensor_fn`` in
+    this worker process (only here: the process is conveyor's).
+
+    Inside a worker, torch's own version allocates a fresh torch shared-memory segment for
+    every batch (it expects torch's pickling to hand it over); a collate_fn that calls it
+    would pay for that segment and then for a copy into conveyor's slot. Conveyor's version
+    gives the same tensor, written straight into the batch's pre-faulted slot.
+    """
+    try:
+        from torch.utils.data._utils import collate as torch_collate
+    except ImportError:  # pragma: no cover - a torch without the module
+        return
+    table = getattr(torch_collate, "default_collate_fn_map", None)
+    if isinstance(table, dict) and torch.Tensor in table:
+        from ..collate import collate_tensor_fn
+
+        table[torch.Tensor] = collate_tensor_fn
+
+
 def _rss() -> int | None:
     """This process's resident set size in bytes (Linux), or None."""
     try:
@@ -450,10 +472,10 @@ def _rss() -> int | None:
         return None
 
 
-def _receive(conn: Any, parent_pid: int) -> Order | None:
+def _receive(conn: Any, readable: Readable, parent_pid: int) -> Order | None:
     """Block for the next order; None when the main process is gone."""
     while True:
-        if conn.poll(0.5):
+        if readable(0.5):
             try:
                 return conn.recv()
             except (EOFError, OSError):
