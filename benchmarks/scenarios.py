@@ -333,7 +333,8 @@ class Remote(Dataset):
 
 
 def build_latency(family: str, quick: bool) -> Setup:
-    opts = {name: {"fetch_threads": 32} for name in ("conveyor0", "conveyor2t", "conveyor_auto")}
+    # conveyor_auto is not given fetch_threads: "auto" picks threads as well as workers
+    opts = {name: {"fetch_threads": 32} for name in ("conveyor0", "conveyor2t")}
     return Setup(Remote(256 if quick else 3072), batch_size=32, epochs=1, opts=opts)
 
 
@@ -355,12 +356,15 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in [
              build_detection),
     Scenario("overlap", "4 ms CPU collate in workers, 4 ms CPU train step in main, batch 8, 512 batches",
              build_overlap, targets=("conveyor2:efficiency>=0.95",)),
-    Scenario("latency", "5 ms sleep per sample, batch 32, 3072 samples; conveyor fetch_threads 16 / 32",
+    Scenario("latency", "5 ms sleep per sample, batch 32, 3072 samples; conveyor fetch_threads 16 / 32 / 64 "
+             "(2 workers), 32 (0 workers, thread workers); auto chooses its own",
              build_latency,
              loaders=("torch0", "torch2", "torchdata2", "grain2", "spdl2", "conveyor0",
-                      "conveyor2_ft16", "conveyor2_ft32", "conveyor2t", "conveyor_auto"),
+                      "conveyor2_ft16", "conveyor2_ft32", "conveyor2_ft64", "conveyor2t", "conveyor_auto"),
              variants={"conveyor2_ft16": ("conveyor2", {"fetch_threads": 16}),
-                       "conveyor2_ft32": ("conveyor2", {"fetch_threads": 32})},
-             headline="conveyor2_ft32",
-             targets=("conveyor2_ft32/torch2>=20", "conveyor2_ft32/peers>=2.5")),
+                       "conveyor2_ft32": ("conveyor2", {"fetch_threads": 32}),
+                       "conveyor2_ft64": ("conveyor2", {"fetch_threads": 64})},
+             headline="conveyor2_ft64",
+             targets=("conveyor2_ft64/torch2>=20", "conveyor2_ft32/torch2>=20", "conveyor2_ft64/peers>=2.5",
+                      "conveyor_auto/torch2>=20")),
 ]}

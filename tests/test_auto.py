@@ -65,6 +65,65 @@ def test_waiting_samples_get_workers_and_fetch_threads(worker_type: str) -> None
     assert decision["reason"]
 
 
+@pytest.mark.timeout(60)
+def test_auto_workers_tune_threads_left_unset() -> None:
+    # num_workers="auto" alone: fetch_threads and prefetch_factor, left unset, are tuned too
+    with DataLoader(Waits(), batch_size=16, num_workers="auto", output="numpy") as loader:
+        assert loader._auto == {"num_workers": True, "fetch_threads": True, "prefetch_factor": True}
+        got = _all(loader)
+        stats = loader.stats()
+    assert np.array_equal(got, np.arange(16 * 24))
+    assert stats["workers_started"]
+    assert stats["fetch_threads"] > 1, stats["fetch_threads"]
+
+
+def test_fetch_threads_default_to_one_and_can_be_pinned_under_auto() -> None:
+    assert DataLoader(Tiny(), num_workers=2).fetch_threads == 1
+    pinned = DataLoader(Tiny(), num_workers="auto", fetch_threads=3, prefetch_factor=2)
+    assert pinned._auto == {"num_workers": True, "fetch_threads": False, "prefetch_factor": False}
+    assert pinned.fetch_threads == 3
+    pinned.close()
+
+
+@pytest.mark.timeout(60)
+def test_a_waiting_first_batch_starts_the_workers_before_it_ends() -> None:
+    # 8 samples of 2 ms: the first batch (~16 ms in the main process, under the 25 ms a first
+    # batch may take for one-time costs) mostly waits, so the workers start a few ms into it
+    # instead of after it; the next batches come from them
+    class Slow:
+        def __len__(self) -> int:
+            return 64
+
+        def __getitem__(self, i: int) -> np.ndarray:
+            time.sleep(0.002)
+            return np.full(2, i, dtype=np.int64)
+
+    with DataLoader(Slow(), batch_size=8, num_workers=2, output="numpy") as loader:
+        it = iter(loader)
+        first = next(it)
+        assert loader.stats()["workers_started"], "the workers should start during the first batch"
+        rest = list(it)
+        stats = loader.stats()
+    assert np.array_equal(np.concatenate([first[:, 0]] + [b[:, 0] for b in rest]), np.arange(64))
+    assert stats["main_process_batches"] == 1
+
+
+def test_workers_hold_enough_batches_to_keep_their_threads_busy() -> None:
+    def depth(**kw: object) -> int:
+        loader = DataLoader(Tiny(), batch_size=32, num_workers=2, **kw)
+        pool = conveyor.loader._Pool(loader, 0)
+        try:
+            return pool.depth()
+        finally:
+            pool.close()
+            loader.close()
+
+    assert depth() == 2  # prefetch_factor's default, as torch
+    assert depth(prefetch_factor=5) == 5
+    assert depth(fetch_threads=64) == 3  # 64 threads, batches of 32: 2 running + 1 to go on with
+    assert depth(fetch_threads=16, prefetch_factor=4) == 4
+
+
 def test_auto_prefetch_needs_workers() -> None:
     with pytest.raises(ValueError, match="prefetch_factor"):
         DataLoader(Tiny(), num_workers=0, prefetch_factor="auto")

@@ -40,7 +40,7 @@ from .executors.threads import ThreadExecutor
 from .executors.worker import Fetcher, WorkerSpec
 from .samplers import BatchSampler, RandomSampler, Sampler, SequentialSampler
 from .stats import Stats
-from .tuning import Tuner
+from .tuning import IO_BOUND, MAX_THREADS, Tuner
 from ._tree import tree_map
 from .transport import to_numpy
 
@@ -122,6 +122,8 @@ class DataLoader(Generic[T]):
     * ``seed``: makes sampling and every sample's RNG a function of (seed, epoch,
       index), identical for any worker count (a ``generator`` does the same);
     * ``fetch_threads``: samples fetched at once inside each worker (slow storage);
+      default 1, or ``"auto"`` with ``num_workers="auto"`` (as is ``prefetch_factor``
+      left unset): pass a number to pin it;
     * ``on_error`` / ``max_failures``: ``"skip"`` leaves bad samples out of their batch;
     * ``max_worker_restarts``: dead process workers are replaced, their batches re-issued;
     * ``restart_hung``: with ``timeout``, a process worker stuck on a batch longer than
@@ -163,7 +165,7 @@ class DataLoader(Generic[T]):
         worker_type: str = "process",
         output: str | None = None,
         seed: int | None = None,
-        fetch_threads: int | str = 1,
+        fetch_threads: int | str | None = None,
         on_error: str = "raise",
         max_failures: int | float = 0,
         max_worker_restarts: int = 3,
@@ -173,6 +175,13 @@ class DataLoader(Generic[T]):
         device_depth: int = 2,
     ) -> None:
         self._initialized = False
+        if num_workers == "auto":
+            # "auto" tunes everything the user left unset: threads for storage that waits,
+            # and how far ahead each worker runs
+            fetch_threads = "auto" if fetch_threads is None else fetch_threads
+            prefetch_factor = "auto" if prefetch_factor is None else prefetch_factor
+        elif fetch_threads is None:
+            fetch_threads = 1
         auto = {"num_workers": num_workers == "auto", "fetch_threads": fetch_threads == "auto",
                 "prefetch_factor": prefetch_factor == "auto"}
         if auto["num_workers"]:
@@ -761,6 +770,15 @@ class _Pool:
             self.launched = True
         return self._holder[0]
 
+    def depth(self) -> int:
+        """Batches each worker holds at once: ``prefetch_factor``, and with fetch threads at
+        least enough that the threads never run dry while a finished batch makes its trip
+        (64 threads and batches of 32: 3 batches)."""
+        size = self.spec.batch_size or 1
+        if self.threads > 1:
+            return max(self.prefetch, -(-self.threads // size) + 1)
+        return self.prefetch
+
     def bulk_ok(self) -> bool:
         """May the main process gather many batches at once (in-memory arrays, main-process mode)?"""
         return self.bulk and (self.mode == "inline" or (self.num_workers == 0 and self.tuner is None))
@@ -831,14 +849,15 @@ class _Pool:
                 rng.seed_worker(self.base_seed, w)
             before = rng.RngState()
             t0 = time.perf_counter()
+            cpu0 = time.process_time()
             local.schedule(task)
-            # the very first batch also pays one-time costs (first touch of the data, first
-            # calls into libraries): it must look slower before it is taken as a sign
-            early = EARLY_START_S if not self.inline_costs else 10 * INLINE_MAX_S
+            start: Callable[[], None] | None = None
             if not self.launched and self.num_workers and not self.copying:
-                local.watch = (early, self._start_early)
+                start = self._start_early
             elif not self.launched and self.auto is not None and self.auto["num_workers"] and not self.copying:
-                local.watch = (early, self._start_early_auto)
+                start = self._start_early_auto
+            if start is not None:
+                local.watch = (10 * INLINE_MAX_S, self._early_check(start, t0, cpu0, first=not self.inline_costs))
             result = local.run(task)
             local.watch = None
             cost = time.perf_counter() - t0
@@ -855,7 +874,26 @@ class _Pool:
                 self.mode = "workers"
         return self._timed(result, cost)
 
-    def _start_early(self) -> None:
+    @staticmethod
+    def _early_check(start: Callable[[float], None], t0: float, cpu0: float,
+                     *, first: bool) -> Callable[[], float | None]:
+        """The watch of a probing batch still running after ``10 * INLINE_MAX_S``: start the
+        workers (returns None), or say how much longer to wait before asking again.
+
+        The very first batch also pays one-time costs (first touches of the data, first calls
+        into libraries), which are CPU work: it starts the workers at once only if it is
+        waiting (the process used under half a core meanwhile), else after ``EARLY_START_S``.
+        """
+        def check() -> float | None:
+            wall = time.perf_counter() - t0
+            busy = (time.process_time() - cpu0) / wall  # cores the batch kept busy so far
+            if not first or wall >= EARLY_START_S or busy < 0.5:
+                start(busy)
+                return None
+            return EARLY_START_S - wall
+        return check
+
+    def _start_early(self, busy: float = 1.0) -> None:
         """A probing batch is slow: fork the workers now, while the main process finishes it."""
         try:
             _ = self.executor
@@ -865,10 +903,16 @@ class _Pool:
         if self.on_early is not None:
             self.on_early()  # hand the next batches out at once, so workers overlap this one
 
-    def _start_early_auto(self) -> None:
-        """num_workers="auto" and a probing batch is slow: start one worker per core now;
-        the tuner trims fetch threads and prefetch from what it then measures."""
-        self.apply(_cores(), self.threads, self.prefetch)
+    def _start_early_auto(self, busy: float = 1.0) -> None:
+        """num_workers="auto" and a probing batch is slow: start one worker per core now,
+        with fetch threads if it mostly waits (``busy``: the cores it kept busy, < 0.5) and
+        they are "auto" too; the main process fetches the rest of its batch with as many.
+        The tuner trims workers, threads and prefetch from what it then measures."""
+        threads = self.threads
+        if self.auto is not None and self.auto["fetch_threads"] and busy < IO_BOUND:
+            threads = min(MAX_THREADS, max(2, math.ceil(1 / max(busy, 1 / MAX_THREADS))))
+            self.local_fetcher().set_threads(threads)
+        self.apply(_cores(), threads, self.prefetch)
         if self.on_early is not None:
             self.on_early()
 
@@ -932,6 +976,8 @@ class _Pool:
         if tuner is None or not self.tuning():
             return
         tuner.observe(snap)
+        if tuner.measuring:
+            return  # its decision is a placeholder: keep what the probe started with
         d = tuner.decision()
         auto = self.auto or {}
         workers = d.num_workers if auto.get("num_workers") else self.num_workers
@@ -939,7 +985,13 @@ class _Pool:
             return  # the main-process probe decides that
         if auto.get("num_workers") and self.started and workers < self.num_workers:
             workers = self.num_workers  # never stop workers mid-run: they cost nothing idle
-        threads = d.fetch_threads if auto.get("fetch_threads") else self.threads
+        threads = self.threads
+        if auto.get("fetch_threads"):
+            # damped: a window can mislead (a new thread pool's start-up reads as CPU work),
+            # so threads at most halve per decision, and small changes are not worth a new pool
+            threads = max(d.fetch_threads, self.threads // 2)
+            if abs(threads - self.threads) < max(2, self.threads // 4):
+                threads = self.threads
         prefetch = (d.prefetch_factor or 2) if auto.get("prefetch_factor") else self.prefetch
         self.apply(workers, threads, prefetch)
 
@@ -1214,7 +1266,7 @@ class _Run(Generic[T]):
         if self.sampler_done:
             return
         n = ex.num_workers
-        cap = 1 if ex.kind == "inline" else self.pool.prefetch
+        cap = 1 if ex.kind == "inline" else self.pool.depth()
         if ex.kind == "inline":
             if self.inflight or len(self.reorder):
                 return

@@ -213,6 +213,11 @@ class Tuner:
         self._pinned = replace(d, settled=True, reason=f"pinned: {d.reason}" if d.reason else "pinned")
         return self._pinned
 
+    @property
+    def measuring(self) -> bool:
+        """True until enough batches were seen for a first estimate (the decision is a placeholder)."""
+        return self._pinned is None and self.seen < self.warmup
+
     def decision(self) -> Decision:
         """The current recommendation (settled once it stopped changing)."""
         return self._pinned or self._current

