@@ -191,7 +191,7 @@ class Images(Dataset):
 
 
 def build_images(family: str, quick: bool) -> Setup:
-    return Setup(Images(256 if quick else 2048), batch_size=64, epochs=1 if quick else 2)
+    return Setup(Images(256 if quick else 2048), batch_size=64, epochs=1 if quick else 4)
 
 
 # ---------------------------------------------------------------- jpeg
@@ -243,7 +243,7 @@ class Jpegs(Dataset):
 
 
 def build_jpeg(family: str, quick: bool) -> Setup:
-    return Setup(Jpegs(str(jpeg_dir(64 if quick else 512))), batch_size=64, epochs=1 if quick else 2)
+    return Setup(Jpegs(str(jpeg_dir(64 if quick else 512))), batch_size=64, epochs=1 if quick else 4)
 
 
 # ---------------------------------------------------------------- detection
@@ -270,7 +270,7 @@ def detection_collate(samples: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple
 
 
 def build_detection(family: str, quick: bool) -> Setup:
-    return Setup(Detection(128 if quick else 1024), batch_size=16, epochs=1 if quick else 2,
+    return Setup(Detection(128 if quick else 1024), batch_size=16, epochs=1 if quick else 4,
                  collate_fn=detection_collate)
 
 
@@ -348,11 +348,11 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in [
              "(warm-up time in the note column)",
              build_diabetes_array, loaders=("torch0", "torch2", "conveyor0", "conveyor2", "conveyor2t"),
              targets=("conveyor0/torch0>=20", "conveyor2/torch0>=20")),
-    Scenario("images_uint8", "2048 random uint8 3x224x224 from one numpy array, batch 64, 2 epochs",
+    Scenario("images_uint8", "2048 random uint8 3x224x224 from one numpy array, batch 64, 4 epochs",
              build_images),
-    Scenario("jpeg", "512 JPEGs 256..320 px, Pillow decode, random 224 crop + flip, batch 64, 2 epochs",
+    Scenario("jpeg", "512 JPEGs 256..320 px, Pillow decode, random 224 crop + flip, batch 64, 4 epochs",
              build_jpeg),
-    Scenario("detection", "uint8 3x256x256 + 1..20 boxes, list collate, batch 16, 2 epochs",
+    Scenario("detection", "uint8 3x256x256 + 1..20 boxes, list collate, batch 16, 4 epochs",
              build_detection),
     Scenario("overlap", "4 ms CPU collate in workers, 4 ms CPU train step in main, batch 8, 512 batches",
              build_overlap, targets=("conveyor2:efficiency>=0.95",)),

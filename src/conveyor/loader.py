@@ -43,6 +43,7 @@ from .stats import Stats
 from .tuning import IO_BOUND, MAX_THREADS, Tuner
 from ._tree import tree_map
 from .transport import to_numpy
+from .transport.recycle import Recycler
 
 __all__ = ["DataLoader", "TooManyFailures", "STATE_VERSION"]
 
@@ -54,7 +55,9 @@ _TICK = 1.0  # seconds between liveness checks while waiting
 INLINE_MAX_S = 200e-6
 # A batch produced faster than this (bytes of arrays per second) is a memory copy: a worker
 # would repeat the copy into shared memory and add a trip, so the main process keeps it.
-INLINE_RATE = 2e9
+# (Decoding JPEGs makes ~0.07 GB/s a core; copying arrays 1.5 GB/s into fresh pages, 10+
+# into reused ones.)
+INLINE_RATE = 1e9
 # A probing batch still running after this long starts the workers there and then (the
 # first one: later ones after 10 x INLINE_MAX_S), so they overlap the rest of it.
 EARLY_START_S = 0.025
@@ -317,6 +320,7 @@ class DataLoader(Generic[T]):
         # weak: the run refers to its loader, and a cycle would keep workers alive until gc
         self._last_ref: weakref.ref[_Run[T]] | None = None
         self._last_pool: _Pool | None = None  # for stats() after the run is gone
+        self._recycler = Recycler()  # memory of large main-process batches the user has dropped
         self._len_called: int | None = None
         self._closed = False
         self._slot_pinner = _pinner(self)
@@ -583,6 +587,7 @@ class DataLoader(Generic[T]):
         if self._persistent is not None:
             self._persistent.close()
             self._persistent = None
+        self._recycler.clear()
 
     def __enter__(self) -> DataLoader[T]:
         return self
@@ -717,6 +722,7 @@ class _Pool:
         self.worker_type = loader.worker_type
         self.context = loader.multiprocessing_context
         self.pinner = loader._slot_pinner
+        self.recycler = loader._recycler  # large batches made in this process reuse memory
         self.dead = False
         self.seq = 0  # next task number; grows across epochs
         self._holder: list[Any] = []  # the executor, once started
@@ -746,7 +752,9 @@ class _Pool:
                             "reason": "in-memory arrays: one gather in the main process beats any worker"})
         self.epoch_start = 0  # seq of the current epoch's first batch
         if self.num_workers == 0 and not auto_workers:
-            self._holder.append(InlineExecutor(self.spec))
+            inline = InlineExecutor(self.spec)
+            inline.fetcher.alloc = self.recycler.alloc
+            self._holder.append(inline)
             if not loader._iterable:
                 self.mode = "inline"  # no workers: every batch is made here
         # plain batches (no per-sample seeding, no skipping) need no task envelope in the main process
@@ -804,7 +812,9 @@ class _Pool:
     def local_fetcher(self) -> Fetcher:
         """The main process's own fetcher (made on first use)."""
         if not self._locals:
-            self._locals.append(Fetcher(self.spec, None))
+            fetcher = Fetcher(self.spec, None)
+            fetcher.alloc = self.recycler.alloc
+            self._locals.append(fetcher)
         return self._locals[0]
 
     def note(self, cost: float) -> None:
@@ -823,14 +833,14 @@ class _Pool:
         if self.mode == "probe" and self.spec.seed is None:
             return self._probe(local, task)
         restore = rng.RngState() if self.spec.seed is not None else None
-        t0 = time.perf_counter()
+        t0, fresh = time.perf_counter(), self.recycler.fresh_s
         try:
             local.schedule(task)
             result = local.run(task)
         finally:
             if restore is not None:
                 restore.restore()
-        return self._timed(result, time.perf_counter() - t0)
+        return self._timed(result, time.perf_counter() - t0 - (self.recycler.fresh_s - fresh))
 
     def _probe(self, local: Fetcher, task: Task) -> Result:
         """A probing batch, made exactly as the worker torch would give it to would make it.
@@ -850,6 +860,7 @@ class _Pool:
             before = rng.RngState()
             t0 = time.perf_counter()
             cpu0 = time.process_time()
+            fresh = self.recycler.fresh_s
             local.schedule(task)
             start: Callable[[], None] | None = None
             if not self.launched and self.num_workers and not self.copying:
@@ -860,7 +871,8 @@ class _Pool:
                 local.watch = (10 * INLINE_MAX_S, self._early_check(start, t0, cpu0, first=not self.inline_costs))
             result = local.run(task)
             local.watch = None
-            cost = time.perf_counter() - t0
+            # new memory's page faults are paid once; reused memory is what later batches get
+            cost = time.perf_counter() - t0 - (self.recycler.fresh_s - fresh)
             after = rng.RngState()
         finally:
             user.restore()
@@ -929,7 +941,9 @@ class _Pool:
         rate = _nbytes(result.batch) / cost if cost > 0 else 0.0
         rates = self.inline_rates
         rates.append(rate)
-        copying = self.copying = len(rates) >= 2 and min(rates[-2:]) > INLINE_RATE
+        # page faults of new memory and preemption only ever slow a batch down: the faster of
+        # the last two says best what a batch costs once memory is reused
+        copying = self.copying = len(rates) >= 2 and max(rates[-2:]) > INLINE_RATE
         if self.tuner is not None and self.auto is not None and self.auto["num_workers"]:
             waits = result.cpu is not None and result.cpu < 0.5 * cost  # warm-up costs are CPU
             if self.num_workers == 0 and cost > 10 * INLINE_MAX_S and not copying and (

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .. import rng
+from ..collate import use_allocator
 from ..errors import Failure, capture
 from .fetchpool import Batch, FetchPool
 from .task import Hello, Order, Readable, Result, Task, send
@@ -131,6 +132,8 @@ class Fetcher:
         # (seconds, callback): called once when a batch takes longer (the main process
         # starts its workers early when a probing batch turns out slow)
         self.watch: tuple[float, Callable[[], float | None]] | None = None
+        # where collate puts large leaves when no caller wraps it (the main process: a Recycler)
+        self.alloc: Callable[[tuple[int, ...], Any], Any] | None = None
         self.set_threads(spec.fetch_threads)
 
     def set_threads(self, n: int) -> None:
@@ -210,7 +213,12 @@ class Fetcher:
         else:
             samples = [ds[i] for i in indices]
         fn = self.spec.collate_fn
-        return fn(samples) if fn is not None else samples
+        if fn is None:
+            return samples
+        if self.alloc is not None:
+            with use_allocator(self.alloc):
+                return fn(samples)
+        return fn(samples)
 
     def _watched(self, indices: list[int], epoch: int,
                  watch: tuple[float, Callable[[], float | None]]) -> list[Any]:
@@ -304,7 +312,13 @@ class Fetcher:
                 return Result(task.seq, self._wid(), empty=True, skipped=tuple(skipped),
                               start=start, fetched=fetched, end=fetched)
             if not done and spec.collate_fn is not None:
-                data = collate(spec.collate_fn, data) if collate is not None else spec.collate_fn(data)
+                if collate is not None:
+                    data = collate(spec.collate_fn, data)
+                elif self.alloc is not None:
+                    with use_allocator(self.alloc):
+                        data = spec.collate_fn(data)
+                else:
+                    data = spec.collate_fn(data)
             return Result(task.seq, self._wid(), batch=data, skipped=tuple(skipped),
                           start=start, fetched=fetched, end=time.perf_counter(),
                           cpu=None if cpu0 is None else self.cpu_clock() - cpu0)
