@@ -256,13 +256,14 @@ def _stack_tensors_into(
     # and subclasses may wrap the result: only exact tensors of one dtype go this way.
     # Other differences (shapes, devices, autograd) make ``stack(out=)`` raise; then the
     # plain stack below decides, so results and errors stay those of torch.
-    tensor, dtype = torch.Tensor, elem.dtype
-    for t in batch:
-        if type(t) is not tensor or t.dtype is not dtype:
-            return None
+    # the allocator first: it declines small leaves at once, before the per-tensor checks
     buf = _buffer(alloc, (len(batch), *elem.shape), np_dtype)
     if buf is None:
         return None
+    tensor, dtype = torch.Tensor, elem.dtype
+    for t in batch:
+        if type(t) is not tensor or t.dtype is not dtype:
+            return None  # the buffer is dropped unused
     out = torch.from_numpy(buf)
     try:
         torch.stack(batch, 0, out=out)
