@@ -190,7 +190,8 @@ def use_allocator(alloc: Allocator | None) -> Iterator[None]:
 
     ``alloc(shape, dtype)`` is called once per stacked leaf with the full batch
     shape (batch size first); it returns a writable C-contiguous array of that
-    shape and dtype, or None to allocate as usual. ``None`` switches it off.
+    shape and dtype, or None to allocate as usual. ``None`` switches it off. An
+    allocator with a ``min_bytes`` attribute is not asked for smaller leaves.
 
     >>> with use_allocator(lambda shape, dtype: np.empty(shape, dtype)):
     ...     batch = default_collate([np.zeros(3), np.ones(3)])
@@ -234,6 +235,9 @@ def _stack_arrays_into(batch: Sequence[Any], alloc: Allocator) -> np.ndarray | N
     """np.stack into an allocated buffer, or None when the arrays do not all agree."""
     elem = batch[0]
     dtype, shape = elem.dtype, elem.shape
+    floor = getattr(alloc, "min_bytes", 0)
+    if floor and elem.nbytes * len(batch) < floor:
+        return None
     for arr in batch:
         if not isinstance(arr, np.ndarray) or arr.dtype != dtype or arr.shape != shape:
             return None
@@ -256,14 +260,17 @@ def _stack_tensors_into(
     # and subclasses may wrap the result: only exact tensors of one dtype go this way.
     # Other differences (shapes, devices, autograd) make ``stack(out=)`` raise; then the
     # plain stack below decides, so results and errors stay those of torch.
-    # the allocator first: it declines small leaves at once, before the per-tensor checks
-    buf = _buffer(alloc, (len(batch), *elem.shape), np_dtype)
-    if buf is None:
+    # an allocator may say which leaves it never takes: skip the per-tensor checks for those
+    floor = getattr(alloc, "min_bytes", 0)
+    if floor and elem.numel() * elem.element_size() * len(batch) < floor:
         return None
     tensor, dtype = torch.Tensor, elem.dtype
     for t in batch:
         if type(t) is not tensor or t.dtype is not dtype:
-            return None  # the buffer is dropped unused
+            return None
+    buf = _buffer(alloc, (len(batch), *elem.shape), np_dtype)
+    if buf is None:
+        return None
     out = torch.from_numpy(buf)
     try:
         torch.stack(batch, 0, out=out)

@@ -753,7 +753,7 @@ class _Pool:
         self.epoch_start = 0  # seq of the current epoch's first batch
         if self.num_workers == 0 and not auto_workers:
             inline = InlineExecutor(self.spec)
-            inline.fetcher.alloc = self.recycler.alloc
+            inline.fetcher.alloc = self.recycler
             self._holder.append(inline)
             if not loader._iterable:
                 self.mode = "inline"  # no workers: every batch is made here
@@ -813,7 +813,7 @@ class _Pool:
         """The main process's own fetcher (made on first use)."""
         if not self._locals:
             fetcher = Fetcher(self.spec, None)
-            fetcher.alloc = self.recycler.alloc
+            fetcher.alloc = self.recycler
             self._locals.append(fetcher)
         return self._locals[0]
 

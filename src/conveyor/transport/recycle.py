@@ -78,6 +78,8 @@ class Recycler:
         weakref.finalize(root, self.returned.append, mem)
         return root.view(dtype).reshape(shape)
 
+    __call__ = alloc  # the allocator protocol of ``use_allocator`` (with ``min_bytes``)
+
     def _take_returned(self) -> None:
         returned, free = self.returned, self.free
         while returned:
