@@ -51,15 +51,20 @@ T = TypeVar("T")
 STATE_VERSION = 1
 _TICK = 1.0  # seconds between liveness checks while waiting
 # A batch that costs less than this in the main process is cheaper to make there
-# than to receive from a worker (pickle, pipe, wake-ups): adaptive loaders keep it.
-INLINE_MAX_S = 200e-6
+# than to receive from a worker (pickle, pipe, wake-ups, ~100 us of the main process's
+# time a batch, plus ~9 ms to fork each torch-sized worker): adaptive loaders keep it.
+# On 2 cores, diabetes batches of 180-330 us ran 2x slower with workers than without.
+INLINE_MAX_S = 500e-6
+# A batch this slow is clearly worth a worker (two in a row: start them); a probing batch
+# still running after this long starts them there and then (five times that: at once).
+SLOW_S = 2e-3
 # A batch produced faster than this (bytes of arrays per second) is a memory copy: a worker
 # would repeat the copy into shared memory and add a trip, so the main process keeps it.
 # (Decoding JPEGs makes ~0.07 GB/s a core; copying arrays 1.5 GB/s into fresh pages, 10+
 # into reused ones.)
 INLINE_RATE = 1e9
-# A probing batch still running after this long starts the workers there and then (the
-# first one: later ones after 10 x INLINE_MAX_S), so they overlap the rest of it.
+# The first probing batch also pays one-time costs: unless it mostly waits, it starts the
+# workers only after this long (later ones after SLOW_S), so they overlap the rest of it.
 EARLY_START_S = 0.025
 
 
@@ -868,7 +873,7 @@ class _Pool:
             elif not self.launched and self.auto is not None and self.auto["num_workers"] and not self.copying:
                 start = self._start_early_auto
             if start is not None:
-                local.watch = (10 * INLINE_MAX_S, self._early_check(start, t0, cpu0, first=not self.inline_costs))
+                local.watch = (SLOW_S, self._early_check(start, t0, cpu0, first=not self.inline_costs))
             result = local.run(task)
             local.watch = None
             # new memory's page faults are paid once; reused memory is what later batches get
@@ -889,7 +894,7 @@ class _Pool:
     @staticmethod
     def _early_check(start: Callable[[float], None], t0: float, cpu0: float,
                      *, first: bool) -> Callable[[], float | None]:
-        """The watch of a probing batch still running after ``10 * INLINE_MAX_S``: start the
+        """The watch of a probing batch still running after ``SLOW_S``: start the
         workers (returns None), or say how much longer to wait before asking again.
 
         The very first batch also pays one-time costs (first touches of the data, first calls
@@ -946,8 +951,8 @@ class _Pool:
         copying = self.copying = len(rates) >= 2 and max(rates[-2:]) > INLINE_RATE
         if self.tuner is not None and self.auto is not None and self.auto["num_workers"]:
             waits = result.cpu is not None and result.cpu < 0.5 * cost  # warm-up costs are CPU
-            if self.num_workers == 0 and cost > 10 * INLINE_MAX_S and not copying and (
-                    waits or len(costs) >= 2 and min(costs[-2:]) > 10 * INLINE_MAX_S):
+            if self.num_workers == 0 and cost > SLOW_S and not copying and (
+                    waits or len(costs) >= 2 and min(costs[-2:]) > SLOW_S):
                 self._jump_start(result, cost)
             elif len(costs) >= 4 and self.mode == "probe":
                 typical = sorted(costs)[len(costs) // 4]  # a low quantile, as below: preemption only adds
@@ -959,8 +964,8 @@ class _Pool:
                            "from a worker")
                     self.tuner.pin({"num_workers": 0, "fetch_threads": self.threads, "prefetch_factor": None,
                                     "reason": why + ": no workers"})
-        elif self.rng_sensitive or (not copying and (cost > 50 * INLINE_MAX_S and rate < INLINE_RATE or (
-                len(costs) >= 2 and min(costs[-2:]) > 10 * INLINE_MAX_S))):
+        elif self.rng_sensitive or (not copying and (cost > 5 * SLOW_S and rate < INLINE_RATE or (
+                len(costs) >= 2 and min(costs[-2:]) > SLOW_S))):
             # clearly worth a worker (one batch can be slow because the machine is busy:
             # a moderately slow one must be seen twice), or only a worker makes it right
             self.mode = "workers"
