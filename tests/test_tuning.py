@@ -141,6 +141,23 @@ def test_without_cpu_times_a_probe_tells_io_from_cpu() -> None:
     assert (cpu.num_workers, cpu.fetch_threads) == (2, 1)
 
 
+def test_a_batch_seen_waiting_counts_as_io_without_cpu_times() -> None:
+    # no CPU times in the stats and no probe yet: a batch the loader saw waiting decides
+    work = Workload(cpu=0.001, io=0.05, step=0.01, cores=2, report_cpu=False)
+    told = Tuner(cpu=2, ram=None)
+    told.note_waiting()
+    sim = Sim(work, Decision(2, 2, 2))
+    for _ in range(3):
+        told.observe(sim.run(8))
+    d = told.decision()
+    assert "I/O-bound" in d.reason and d.fetch_threads > 2, d
+    untold = Tuner(cpu=2, ram=None)
+    sim = Sim(work, Decision(2, 1, 2))
+    for _ in range(3):
+        untold.observe(sim.run(8))
+    assert "I/O-bound" not in untold.decision().reason
+
+
 def test_measures_before_deciding() -> None:
     tuner = Tuner(cpu=4, ram=None, warmup=8)
     tuner.observe(Sim(Workload(0.02, 0.0, 0.01, 4), Decision(0, 1, None)).run(4))

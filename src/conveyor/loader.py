@@ -745,6 +745,7 @@ class _Pool:
         self.launched = False  # workers were started at some point
         self.rng_states: dict[int, rng.RngState] = {}  # worker -> RNG state after its probing batches
         self.rng_sensitive = False  # the dataset draws from the global RNGs
+        self.fewer_before = False  # the tuner's last decision asked for fewer fetch threads
         from .datasets import ArrayDataset
 
         # ArrayDataset.gather draws no randomness: many batches can be gathered at once, and
@@ -926,6 +927,8 @@ class _Pool:
         they are "auto" too; the main process fetches the rest of its batch with as many.
         The tuner trims workers, threads and prefetch from what it then measures."""
         threads = self.threads
+        if busy < IO_BOUND and self.tuner is not None:
+            self.tuner.note_waiting()
         if self.auto is not None and self.auto["fetch_threads"] and busy < IO_BOUND:
             threads = min(MAX_THREADS, max(2, math.ceil(1 / max(busy, 1 / MAX_THREADS))))
             self.local_fetcher().set_threads(threads)
@@ -982,6 +985,8 @@ class _Pool:
         threads = self.threads
         if self.auto is not None and self.auto["fetch_threads"] and result.cpu is not None and cost > 0:
             if result.cpu / cost < 0.5:  # mostly waiting on storage: threads hide it cheaply
+                if self.tuner is not None:
+                    self.tuner.note_waiting()
                 threads = min(64, max(2, math.ceil(cost / max(result.cpu, 1e-4))))
         self.apply(cores, threads, self.prefetch)
 
@@ -1006,9 +1011,15 @@ class _Pool:
             workers = self.num_workers  # never stop workers mid-run: they cost nothing idle
         threads = self.threads
         if auto.get("fetch_threads"):
-            # damped: a window can mislead (a new thread pool's start-up reads as CPU work),
-            # so threads at most halve per decision, and small changes are not worth a new pool
-            threads = max(d.fetch_threads, self.threads // 2)
+            # damped: a window can mislead (a new thread pool's start-up, or a busy machine,
+            # reads as CPU work), so threads drop only when two decisions in a row say so, at
+            # most by half, and small changes are not worth a new pool
+            fewer = d.fetch_threads < self.threads
+            if fewer and not self.fewer_before:
+                threads = self.threads
+            else:
+                threads = max(d.fetch_threads, self.threads // 2)
+            self.fewer_before = fewer
             if abs(threads - self.threads) < max(2, self.threads // 4):
                 threads = self.threads
         prefetch = (d.prefetch_factor or 2) if auto.get("prefetch_factor") else self.prefetch

@@ -213,6 +213,11 @@ class Tuner:
         self._pinned = replace(d, settled=True, reason=f"pinned: {d.reason}" if d.reason else "pinned")
         return self._pinned
 
+    def note_waiting(self) -> None:
+        """The loader saw a batch wait rather than compute (its CPU under half its wall time)
+        before any CPU time reached the stats: treat fetches as I/O-bound until told otherwise."""
+        self._io_evidence = True
+
     @property
     def measuring(self) -> bool:
         """True until enough batches were seen for a first estimate (the decision is a placeholder)."""
