@@ -148,7 +148,7 @@ class _Stub:
 
     def __init__(self) -> None:
         self.threads = 64
-        self._pinned = None
+        self.pinned = False
         self.measuring = False
 
     def observe(self, snap: dict) -> None:

@@ -929,11 +929,8 @@ class _Pool:
         with fetch threads if it mostly waits (``busy``: the cores it kept busy, < 0.5) and
         they are "auto" too; the main process fetches the rest of its batch with as many.
         The tuner trims workers, threads and prefetch from what it then measures."""
-        threads = self.threads
-        if busy < IO_BOUND and self.tuner is not None:
-            self.tuner.note_waiting()
-        if self.auto is not None and self.auto["fetch_threads"] and busy < IO_BOUND:
-            threads = min(MAX_THREADS, max(2, math.ceil(1 / max(busy, 1 / MAX_THREADS))))
+        threads = self._threads_for(busy)
+        if threads != self.threads:
             self.local_fetcher().set_threads(threads)
         self.apply(_cores(), threads, self.prefetch)
         if self.on_early is not None:
@@ -984,19 +981,24 @@ class _Pool:
     # -- num_workers / fetch_threads / prefetch_factor = "auto" --------------
     def _jump_start(self, result: Result, cost: float) -> None:
         """A first batch this costly needs workers now; the tuner refines from there."""
-        cores = _cores()
-        threads = self.threads
-        if self.auto is not None and self.auto["fetch_threads"] and result.cpu is not None and cost > 0:
-            if result.cpu / cost < 0.5:  # mostly waiting on storage: threads hide it cheaply
-                if self.tuner is not None:
-                    self.tuner.note_waiting()
-                threads = min(64, max(2, math.ceil(cost / max(result.cpu, 1e-4))))
-        self.apply(cores, threads, self.prefetch)
+        threads = self.threads if result.cpu is None or cost <= 0 else self._threads_for(result.cpu / cost)
+        self.apply(_cores(), threads, self.prefetch)
+
+    def _threads_for(self, busy: float) -> int:
+        """Fetch threads for a batch that kept ``busy`` cores busy: one fetch per core it
+        leaves idle when it mostly waits (and tells the tuner it waits), else the current."""
+        if busy >= IO_BOUND:
+            return self.threads
+        if self.tuner is not None:
+            self.tuner.note_waiting()
+        if self.auto is None or not self.auto["fetch_threads"]:
+            return self.threads
+        return min(MAX_THREADS, max(2, math.ceil(1 / max(busy, 1 / MAX_THREADS))))
 
     def tuning(self) -> bool:
         """Is the tuner still open to change (so worth a stats snapshot)?"""
         tuner = self.tuner
-        return tuner is not None and not (tuner._pinned is not None and tuner.decision().settled)
+        return tuner is not None and not tuner.pinned
 
     def retune(self, snap: dict[str, Any]) -> None:
         tuner = self.tuner

@@ -219,6 +219,11 @@ class Tuner:
         self._io_evidence = True
 
     @property
+    def pinned(self) -> bool:
+        """True once ``pin`` fixed the decision (observations no longer change it)."""
+        return self._pinned is not None
+
+    @property
     def measuring(self) -> bool:
         """True until enough batches were seen for a first estimate (the decision is a placeholder)."""
         return self._pinned is None and self.seen < self.warmup

@@ -132,7 +132,7 @@ class Fetcher:
         # (seconds, callback): called once when a batch takes longer (the main process
         # starts its workers early when a probing batch turns out slow)
         self.watch: tuple[float, Callable[[], float | None]] | None = None
-        # where collate puts large leaves when no caller wraps it (the main process: a Recycler)
+        # where collate puts large leaves: a process worker's slot Writer, the main process's Recycler
         self.alloc: Callable[[tuple[int, ...], Any], Any] | None = None
         self.set_threads(spec.fetch_threads)
 
@@ -213,12 +213,13 @@ class Fetcher:
         else:
             samples = [ds[i] for i in indices]
         fn = self.spec.collate_fn
-        if fn is None:
-            return samples
-        if self.alloc is not None:
-            with use_allocator(self.alloc):
-                return fn(samples)
-        return fn(samples)
+        return self._collate(fn, samples) if fn is not None else samples
+
+    def _collate(self, fn: Callable[[Any], Any], samples: Any) -> Any:
+        if self.alloc is None:
+            return fn(samples)
+        with use_allocator(self.alloc):
+            return fn(samples)
 
     def _watched(self, indices: list[int], epoch: int,
                  watch: tuple[float, Callable[[], float | None]]) -> list[Any]:
@@ -289,8 +290,8 @@ class Fetcher:
         return out
 
     # -- the task ---------------------------------------------------------
-    def run(self, task: Task, collate: Callable[[Callable[[Any], Any], Any], Any] | None = None) -> Result:
-        """Fetch and collate ``task``. ``collate(fn, samples)`` lets the caller wrap collation."""
+    def run(self, task: Task) -> Result:
+        """Fetch and collate ``task`` (large leaves into ``self.alloc``'s buffers, when set)."""
         start = time.perf_counter()
         # CPU clocks are system calls here (~10 us): sample one batch in eight, never the
         # first (it also pays one-time costs, which would make waiting look like computing)
@@ -312,13 +313,7 @@ class Fetcher:
                 return Result(task.seq, self._wid(), empty=True, skipped=tuple(skipped),
                               start=start, fetched=fetched, end=fetched)
             if not done and spec.collate_fn is not None:
-                if collate is not None:
-                    data = collate(spec.collate_fn, data)
-                elif self.alloc is not None:
-                    with use_allocator(self.alloc):
-                        data = spec.collate_fn(data)
-                else:
-                    data = spec.collate_fn(data)
+                data = self._collate(spec.collate_fn, data)
             return Result(task.seq, self._wid(), batch=data, skipped=tuple(skipped),
                           start=start, fetched=fetched, end=time.perf_counter(),
                           cpu=None if cpu0 is None else self.cpu_clock() - cpu0)
@@ -377,7 +372,6 @@ def serve(spec: WorkerSpec, worker_id: int, gen: int, tasks: Any, results: Any,
         _route_torch_collate(torch)
     stack_at = stack_path(prefix, worker_id, gen)
     stack_file = _install_stack_dump(stack_at)
-    from ..collate import use_allocator
     from ..transport import Packed, SlotPool, Writer, encode
     from ..transport import segment as _segment
 
@@ -393,12 +387,6 @@ def serve(spec: WorkerSpec, worker_id: int, gen: int, tasks: Any, results: Any,
         readable = Readable(tasks)
         warned = False
         done = 0
-
-        def collate_into(writer: Writer) -> Callable[[Callable[[Any], Any], Any], Any]:
-            def call(fn: Callable[[Any], Any], samples: Any) -> Any:
-                with use_allocator(writer.alloc):
-                    return fn(samples)
-            return call
 
         def accept(order: Order | None) -> bool:
             """Apply an order; False when it says stop (or the main process is gone)."""
@@ -422,7 +410,8 @@ def serve(spec: WorkerSpec, worker_id: int, gen: int, tasks: Any, results: Any,
                 continue
             task = queue.pop(0)
             writer = Writer(pool) if pool is not None and pool.failed is None else None
-            result = fetcher.run(task, collate_into(writer) if writer is not None else None)
+            fetcher.alloc = writer.alloc if writer is not None else None  # collate into the slot
+            result = fetcher.run(task)
             if result.batch is not None:
                 try:
                     tree, blob = encode(result.batch, writer)
