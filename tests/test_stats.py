@@ -155,3 +155,23 @@ def test_plots_without_matplotlib_name_the_extra(monkeypatch: pytest.MonkeyPatch
     monkeypatch.setattr(builtins, "__import__", deny)
     with pytest.raises(ImportError, match=r"pip install 'conveyor\[plot\]'"):
         plot_sweep([], tmp_path / "x.png")
+
+
+def test_the_trace_allocates_no_object_per_event() -> None:
+    # tuples kept per event set off the cyclic GC every few hundred batches, and at length
+    # a full collection of the whole process mid-epoch
+    import gc
+
+    st = Stats(started=0.0)
+    gc.disable()
+    try:
+        before = gc.get_count()[0]
+        for i in range(3000):
+            st.result(0, i, i + 0.25, i + 0.5)
+            st.handed(i + 0.5, i + 0.75, 32, 1)
+        grown = gc.get_count()[0] - before
+    finally:
+        gc.enable()
+    assert grown < 100, grown
+    assert len(st.trace) == 9000 - 1  # a fetch and a wait per batch, a step between two
+    assert list(st.trace)[:3] == [("fetch", 0, 0.0, 0.5), ("wait", -2, 0.5, 0.75), ("fetch", 0, 1.0, 1.5)]
