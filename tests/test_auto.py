@@ -51,6 +51,27 @@ def test_cheap_samples_stay_in_the_main_process(monkeypatch: pytest.MonkeyPatch)
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.parametrize("workers", ["auto", 2])
+def test_two_cheap_probing_batches_are_enough(monkeypatch: pytest.MonkeyPatch, workers: object) -> None:
+    # each probing batch snapshots and restores the global RNGs (~0.2 ms): cheap batches stop early
+    monkeypatch.setattr(conveyor.loader, "INLINE_MAX_S", 0.05)
+    probed: list[int] = []
+    probe = conveyor.loader._Pool._probe
+
+    def counting(self: object, local: object, task: object) -> object:
+        probed.append(task.seq)  # type: ignore[attr-defined]
+        return probe(self, local, task)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(conveyor.loader._Pool, "_probe", counting)
+    with DataLoader(Tiny(), batch_size=16, num_workers=workers, persistent_workers=True, output="numpy") as loader:
+        got = _all(loader)
+        stats = loader.stats()
+    assert np.array_equal(got, np.arange(512))
+    assert probed == [0, 1]
+    assert stats["main_process_batches"] == 512 // 16 and not stats["workers_started"]
+
+
+@pytest.mark.timeout(60)
 @pytest.mark.parametrize("worker_type", ["process", "thread"])
 def test_waiting_samples_get_workers_and_fetch_threads(worker_type: str) -> None:
     with DataLoader(Waits(), batch_size=16, num_workers="auto", fetch_threads="auto",

@@ -698,6 +698,19 @@ def _cores() -> int:
         return os.cpu_count() or 1
 
 
+def _typical(costs: list[float]) -> float:
+    """What a main-process batch costs: a low quantile, since a busy machine preempts some
+    batches, which says nothing of their cost."""
+    return sorted(costs)[len(costs) // 4]
+
+
+def _probed_enough(costs: list[float]) -> bool:
+    """Have the probing batches said enough to choose? After four, or after two that both
+    cost under half of ``INLINE_MAX_S``: with tiny samples each probing batch pays ~0.2 ms
+    of RNG bookkeeping, a real share of a short run."""
+    return len(costs) >= 4 or (len(costs) >= 2 and max(costs[-2:]) <= INLINE_MAX_S / 2)
+
+
 def _is_stateless(sampler: Any) -> bool:
     inner = getattr(sampler, "sampler", sampler)
     return type(inner).__name__ == "SequentialSampler"
@@ -744,6 +757,7 @@ class _Pool:
         self.inline_batches = 0
         self.launched = False  # workers were started at some point
         self.rng_states: dict[int, rng.RngState] = {}  # worker -> RNG state after its probing batches
+        self.rng_seeded: dict[int, rng.RngState] = {}  # worker -> RNG state as seeding leaves it
         self.rng_sensitive = False  # the dataset draws from the global RNGs
         self.fewer_before = False  # the tuner's last decision asked for fewer fetch threads
         self.thread_trial: tuple[int, float] | None = None  # (threads, batches/s) before a cut
@@ -862,11 +876,14 @@ class _Pool:
         w = (task.seq - self.epoch_start) % max(1, self.num_workers or _cores())
         user = rng.RngState()
         try:
-            if w in self.rng_states:
-                self.rng_states[w].restore()
+            # the worker's state as its last probing batch left it, or as seeding it makes it
+            # (snapshotted once: a snapshot and a restore cost ~50 us each, mostly numpy's)
+            before = self.rng_states.get(w) or self.rng_seeded.get(w)
+            if before is not None:
+                before.restore()
             else:
                 rng.seed_worker(self.base_seed, w)
-            before = rng.RngState()
+                before = self.rng_seeded[w] = rng.RngState()
             t0 = time.perf_counter()
             cpu0 = time.process_time()
             fresh = self.recycler.fresh_s
@@ -957,8 +974,8 @@ class _Pool:
             if self.num_workers == 0 and cost > SLOW_S and not copying and (
                     waits or len(costs) >= 2 and min(costs[-2:]) > SLOW_S):
                 self._jump_start(result, cost)
-            elif len(costs) >= 4 and self.mode == "probe":
-                typical = sorted(costs)[len(costs) // 4]  # a low quantile, as below: preemption only adds
+            elif self.mode == "probe" and (copying or _probed_enough(costs)):
+                typical = _typical(costs)
                 if typical <= INLINE_MAX_S or copying:
                     self.mode = "inline"
                     why = (f"batches are made at {rate / 1e9:.1f} GB/s in the main process (copying memory): "
@@ -972,10 +989,8 @@ class _Pool:
             # clearly worth a worker (one batch can be slow because the machine is busy:
             # a moderately slow one must be seen twice), or only a worker makes it right
             self.mode = "workers"
-        elif len(costs) >= 4:
-            # a low quantile: a busy machine preempts some batches, which says nothing of their cost
-            typical = sorted(costs)[len(costs) // 4]
-            self.mode = "workers" if typical > INLINE_MAX_S and not copying else "inline"
+        elif _probed_enough(costs):
+            self.mode = "workers" if _typical(costs) > INLINE_MAX_S and not copying else "inline"
         return result
 
     # -- num_workers / fetch_threads / prefetch_factor = "auto" --------------

@@ -59,9 +59,9 @@ def ram_budget(fraction: float = 0.5) -> int | None:
     True
     """
     try:
-        with open("/proc/meminfo", encoding="ascii") as f:
+        with open("/proc/meminfo", "rb") as f:  # bytes: no codec lookup on a first call (~1 ms)
             for line in f:
-                if line.startswith("MemAvailable:"):
+                if line.startswith(b"MemAvailable:"):
                     return int(int(line.split()[1]) * 1024 * fraction)
     except (OSError, ValueError, IndexError):
         pass
