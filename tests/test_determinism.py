@@ -193,3 +193,24 @@ def test_without_seed_workers_are_seeded_like_torch() -> None:
     with DataLoader(ds, batch_size=3, num_workers=1, adaptive=False) as loader:
         got = [b.clone() for b in loader]
     same_epochs(want, got)
+
+
+@pytest.mark.timeout(60)
+def test_adaptive_probing_of_a_drawing_dataset_matches_the_worker() -> None:
+    """No seed, adaptive: the main process's probing batch is first made with the user's RNGs,
+    finds they moved, puts them back and makes the batch again as the worker would. Batches
+    and the user's streams come out as without probing."""
+    ds = Noisy(12)
+    runs = []
+    for adaptive in (False, True):
+        torch.manual_seed(42)
+        random.seed(42)
+        np.random.seed(42)
+        with DataLoader(ds, batch_size=3, num_workers=1, adaptive=adaptive) as loader:
+            got = [b.clone() for b in loader]
+            probed = loader.stats()["main_process_batches"]
+        runs.append((got, probed, torch.rand(2), random.random(), np.random.rand()))
+    (want, none, *after_want), (got, probed, *after_got) = runs
+    same_epochs(want, got)
+    assert none == 0 and probed == 1  # the one probing batch, made again seeded as the worker
+    assert torch.equal(after_want[0], after_got[0]) and after_want[1:] == after_got[1:]
