@@ -214,3 +214,45 @@ def test_adaptive_probing_of_a_drawing_dataset_matches_the_worker() -> None:
     same_epochs(want, got)
     assert none == 0 and probed == 1  # the one probing batch, made again seeded as the worker
     assert torch.equal(after_want[0], after_got[0]) and after_want[1:] == after_got[1:]
+
+
+_LAZY_NUMPY_RANDOM = r"""
+import sys
+import numpy, torch
+import conveyor
+assert "numpy.random" not in sys.modules, "precondition: nothing imported numpy.random"
+
+
+class Quiet:
+    def __len__(self): return 12
+    def __getitem__(self, i): return torch.tensor([i])
+
+
+class ImportsAndDraws(Quiet):
+    def __getitem__(self, i):
+        import numpy.random
+        return torch.tensor([i, int(numpy.random.randint(0, 2**31))])
+
+
+with conveyor.DataLoader(Quiet(), batch_size=3, num_workers=1) as loader:
+    assert [b[:, 0].tolist() for b in loader][0] == [0, 1, 2]
+print("quiet-imported", "numpy.random" in sys.modules)
+runs = []
+for adaptive in (False, True):
+    torch.manual_seed(5)
+    with conveyor.DataLoader(ImportsAndDraws(), batch_size=3, num_workers=1, adaptive=adaptive) as loader:
+        runs.append([b.tolist() for b in loader])
+print("drawing-same", runs[0] == runs[1])
+"""
+
+
+@pytest.mark.timeout(120)
+def test_probing_does_not_import_numpy_random_and_notices_a_batch_that_does() -> None:
+    """Snapshotting the RNGs must not import numpy.random (~10 ms in a fresh process); a
+    dataset that imports it and draws still gets the worker's seeded stream."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", _LAZY_NUMPY_RANDOM], capture_output=True, text=True,
+                         timeout=100, check=True).stdout.split()
+    assert out == ["quiet-imported", "False", "drawing-same", "True"], out

@@ -69,26 +69,39 @@ def seed_worker(base_seed: int, worker_id: int) -> int:
 
 
 class RngState:
-    """Saved states of the global RNGs, to restore after seeding in the main thread."""
+    """Saved states of the global RNGs, to restore after seeding in the main thread.
+
+    numpy imports ``numpy.random`` lazily (~10 ms in a fresh process): where nothing has
+    imported it yet, nothing has drawn from its global RNG, and its state is recorded as
+    None rather than imported for the snapshot. A batch that imports it and draws counts
+    as having moved it.
+    """
 
     __slots__ = ("py", "np", "torch")
 
     def __init__(self) -> None:
         self.py = random.getstate()
-        self.np = np.random.get_state()
+        np_random = sys.modules.get("numpy.random")
+        self.np = np_random.get_state() if np_random is not None else None
         torch = sys.modules.get("torch")
         self.torch = torch.random.default_generator.get_state() if torch is not None else None
 
     def restore(self) -> None:
         random.setstate(self.py)
-        np.random.set_state(self.np)
+        if self.np is not None:
+            np.random.set_state(self.np)
         torch = sys.modules.get("torch")
         if torch is not None and self.torch is not None:
             torch.random.default_generator.set_state(self.torch)
 
     def same(self, other: RngState) -> bool:
         """True when no global RNG moved between the two snapshots."""
-        if self.py != other.py or self.np[2] != other.np[2] or not np.array_equal(self.np[1], other.np[1]):
+        if self.py != other.py:
+            return False
+        if self.np is None or other.np is None:
+            if self.np is not other.np:
+                return False
+        elif self.np[2] != other.np[2] or not np.array_equal(self.np[1], other.np[1]):
             return False
         if self.torch is None or other.torch is None:
             return self.torch is other.torch
