@@ -757,6 +757,7 @@ class _Pool:
         self.on_early: Callable[[], None] | None = None  # the run's dispatch, for _start_early
         self.inline_batches = 0
         self.launched = False  # workers were started at some point
+        self.delivered = False  # a worker has handed back a batch
         self.rng_states: dict[int, rng.RngState] = {}  # worker -> RNG state after its probing batches
         self.rng_seeded: dict[int, rng.RngState] = {}  # worker -> RNG state as seeding leaves it
         self.rng_sensitive = False  # the dataset draws from the global RNGs
@@ -818,20 +819,23 @@ class _Pool:
     def serve_here(self) -> bool:
         """Should the main process make the next batch itself?
 
-        Yes while probing, when batches are cheap, and while the workers are still
-        starting (so their start-up overlaps useful work instead of stalling it).
+        Yes while probing, when batches are cheap, while the workers are still starting
+        (so their start-up overlaps useful work instead of stalling it), and once more
+        when they have started but not yet delivered a batch: the caller then hands them
+        the batches after this one first. A worker's first batch comes late (its own
+        start-up, and a freshly forked parent and child copying pages they both write):
+        the main process, idle otherwise, makes one meanwhile.
         """
         if self.mode != "workers":
             return True
         if not self.adaptive or self.rng_sensitive:
             return False
         ex = self.executor
-        if getattr(ex, "ready", 1):
-            return False
-        for ev in ex.poll(0):  # picks up start-up messages; nothing of ours is in flight
-            if isinstance(ev, Result):
-                ex.release(ev)
-        return not ex.ready
+        if not getattr(ex, "ready", 1):
+            for ev in ex.poll(0):  # picks up start-up messages; nothing of ours is in flight
+                if isinstance(ev, Result):
+                    ex.release(ev)
+        return not self.delivered
 
     def local_fetcher(self) -> Fetcher:
         """The main process's own fetcher (made on first use)."""
@@ -1200,9 +1204,13 @@ class _Run(Generic[T]):
                 task = Task(pool.seq, self.epoch, list(indices) if self.loader._auto_collation else [indices])
                 pool.seq += 1
                 self.reorder.next = pool.seq
-                # if this batch turns out slow and workers start meanwhile, they get the next
-                # batches at once, all but those of the worker whose RNG this batch stands in for
-                pool.on_early = lambda: self._fill(hold=(task.seq - self.first_seq) % max(1, pool.num_workers))
+                starting = pool.mode == "workers" and getattr(self.ex, "ready", 1)
+                if starting:
+                    self._fill()  # the workers start on the batches after this one
+                else:
+                    # if this batch turns out slow and workers start meanwhile, they get the next
+                    # batches at once, all but those of the worker whose RNG this batch stands in for
+                    pool.on_early = lambda: self._fill(hold=(task.seq - self.first_seq) % max(1, pool.num_workers))
                 try:
                     result = pool.fetch_here(task)
                 finally:
@@ -1210,6 +1218,8 @@ class _Run(Generic[T]):
                 out = self._take(result)
                 if out is not None:
                     return out
+                if self.inflight or len(self.reorder):
+                    break  # the workers hold the next batches: wait for them
         waited_since = time.monotonic()
         while True:
             r = self.reorder.pop()
@@ -1249,6 +1259,7 @@ class _Run(Generic[T]):
                 self.ex.release(ev)  # from an abandoned epoch
             else:
                 self.inflight.pop(ev.seq, None)
+                self.pool.delivered = True
                 self.reorder.push(ev)
         self._fill()
 
