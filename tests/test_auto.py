@@ -164,19 +164,19 @@ def test_the_choice_can_be_pinned() -> None:
         assert again.stats()["fetch_threads"] == pinned["fetch_threads"]
 
 
-class _Stub:
-    """A tuner that says what the test tells it to."""
+class _Told(conveyor.tuning.Tuner):
+    """A real tuner (its thread steering included) whose model says what the test tells it."""
 
     def __init__(self) -> None:
-        self.threads = 64
-        self.pinned = False
-        self.measuring = False
+        super().__init__(cpu=2, ram=None)
+        self.wanted = 64
 
-    def observe(self, snap: dict) -> None:
-        pass
+    @property
+    def measuring(self) -> bool:
+        return False
 
     def decision(self) -> "conveyor.tuning.Decision":
-        return conveyor.tuning.Decision(2, self.threads, 2, "stub", False)
+        return conveyor.tuning.Decision(2, self.wanted, 2, "told", False)
 
 
 def test_a_thread_cut_that_costs_throughput_is_undone(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -184,17 +184,17 @@ def test_a_thread_cut_that_costs_throughput_is_undone(monkeypatch: pytest.Monkey
     pool = conveyor.loader._Pool(loader, 0)
     applied: list[int] = []
     monkeypatch.setattr(pool, "apply", lambda w, t, p: (applied.append(t), setattr(pool, "threads", t)))
-    pool.tuner = stub = _Stub()
+    pool.tuner = told = _Told()
     pool.threads = 64
     clock = iter(float(x) for x in range(100))
-    monkeypatch.setattr(conveyor.loader.time, "perf_counter", lambda: next(clock))
+    monkeypatch.setattr(conveyor.tuning.time, "perf_counter", lambda: next(clock))
     try:
-        stub.threads = 8  # the model asks for fewer threads, twice: the second time it is tried
+        told.wanted = 8  # the model asks for fewer threads, twice: the second time it is tried
         pool.retune({"batches": 8})     # first window: no rate yet; one vote for fewer
         pool.retune({"batches": 16})    # 8 batches/s; two votes: cut to 32 (at most half)
         assert applied[-1] == 32
         pool.retune({"batches": 20})    # 4 batches/s after the cut: undone, and a floor set
-        assert applied[-1] == 64 and pool.threads_floor == 64
+        assert applied[-1] == 64 and told.threads.floor == 64
         pool.retune({"batches": 28})
         pool.retune({"batches": 36})
         assert applied[-1] == 64, "no cut below the floor"

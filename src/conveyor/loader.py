@@ -761,10 +761,6 @@ class _Pool:
         self.rng_states: dict[int, rng.RngState] = {}  # worker -> RNG state after its probing batches
         self.rng_seeded: dict[int, rng.RngState] = {}  # worker -> RNG state as seeding leaves it
         self.rng_sensitive = False  # the dataset draws from the global RNGs
-        self.fewer_before = False  # the tuner's last decision asked for fewer fetch threads
-        self.thread_trial: tuple[int, float] | None = None  # (threads, batches/s) before a cut
-        self.threads_floor = 1  # fetch threads "auto" will not cut below (a cut that cost)
-        self.rate_mark: tuple[int, float] | None = None  # (batches handed, time) at the last retune
         from .datasets import ArrayDataset
 
         # ArrayDataset.gather draws no randomness: many batches can be gathered at once, and
@@ -1051,7 +1047,6 @@ class _Pool:
         if tuner is None or not self.tuning():
             return
         tuner.observe(snap)
-        rate = self._window_rate(snap)
         if tuner.measuring:
             return  # its decision is a placeholder: keep what the probe started with
         d = tuner.decision()
@@ -1061,37 +1056,9 @@ class _Pool:
             return  # the main-process probe decides that
         if auto.get("num_workers") and self.started and workers < self.num_workers:
             workers = self.num_workers  # never stop workers mid-run: they cost nothing idle
-        threads = self.threads
-        if auto.get("fetch_threads"):
-            # damped: a window can mislead (a new thread pool's start-up, or a busy machine,
-            # reads as CPU work), so threads drop only when two decisions in a row say so, at
-            # most by half, and small changes are not worth a new pool
-            fewer = d.fetch_threads < self.threads
-            if fewer and not self.fewer_before:
-                threads = self.threads
-            else:
-                threads = max(d.fetch_threads, self.threads // 2)
-            self.fewer_before = fewer
-            trial, self.thread_trial = self.thread_trial, None
-            if trial is not None and rate is not None and rate < 0.85 * trial[1]:
-                # the last cut cost throughput: fetches wait after all (thread overhead read
-                # as CPU work). Undo it, and cut no lower from now on
-                threads = self.threads_floor = trial[0]
-            threads = max(threads, self.threads_floor)
-            if abs(threads - self.threads) < max(2, self.threads // 4):
-                threads = self.threads
-            elif threads < self.threads and rate is not None:
-                self.thread_trial = (self.threads, rate)
+        threads = tuner.steer_threads(self.threads) if auto.get("fetch_threads") else self.threads
         prefetch = (d.prefetch_factor or 2) if auto.get("prefetch_factor") else self.prefetch
         self.apply(workers, threads, prefetch)
-
-    def _window_rate(self, snap: dict[str, Any]) -> float | None:
-        """Batches a second handed out since the last retune (None for the first window)."""
-        now, handed = time.perf_counter(), int(snap.get("batches", 0))
-        mark, self.rate_mark = self.rate_mark, (handed, now)
-        if mark is None or handed <= mark[0] or now <= mark[1]:
-            return None
-        return (handed - mark[0]) / (now - mark[1])
 
     def apply(self, workers: int, threads: int, prefetch: int) -> None:
         if workers > 0 and self.mode != "workers" or workers > self.num_workers:

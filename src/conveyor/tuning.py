@@ -27,10 +27,11 @@ from __future__ import annotations
 
 import math
 import os
+import time
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-__all__ = ["Decision", "Tuner", "cpu_budget", "ram_budget"]
+__all__ = ["Decision", "ThreadSteer", "Tuner", "cpu_budget", "ram_budget"]
 
 IO_BOUND = 0.5  # cpu/busy below this: the fetch mostly waits
 MAX_THREADS = 64
@@ -138,6 +139,58 @@ def _totals(snap: dict[str, Any]) -> tuple[int, float, float, float, int]:
     return int(n), busy, sq, cpu, cpu_n
 
 
+class ThreadSteer:
+    """Moves the fetch-thread count toward what the model asks, checked by throughput.
+
+    The model reads a window's CPU time against its busy time, and a window can mislead:
+    a new thread pool's start-up, a busy machine, and the GIL overhead of many threads
+    all read as CPU work. So threads drop only when two decisions in a row ask for fewer,
+    at most by half, and changes under a quarter are not worth a new pool. Every cut is a
+    trial: if the next window hands out batches 15% slower, the cut is undone and no cut
+    goes below that count again (``floor``).
+
+    >>> s = ThreadSteer()
+    >>> s.window(8, 1.0); s.steer(64, 8)        # first vote for fewer: kept
+    64
+    >>> s.window(16, 2.0); s.steer(64, 8)       # second vote: halved, at 8 batches/s
+    32
+    >>> s.window(20, 3.0); s.steer(32, 8)       # 4 batches/s after the cut: undone
+    64
+    >>> s.floor
+    64
+    """
+
+    __slots__ = ("fewer_before", "trial", "floor", "rate", "_mark")
+
+    def __init__(self) -> None:
+        self.fewer_before = False  # the last decision asked for fewer threads
+        self.trial: tuple[int, float] | None = None  # (threads, batches/s) before a cut
+        self.floor = 1  # no cut goes below this (a cut that cost throughput)
+        self.rate: float | None = None  # batches a second handed out in the last window
+        self._mark: tuple[int, float] | None = None  # (batches handed, time) at the last window
+
+    def window(self, handed: int, now: float) -> None:
+        """The loader had handed out ``handed`` batches in all at time ``now``."""
+        mark, self._mark = self._mark, (handed, now)
+        self.rate = None if mark is None or handed <= mark[0] or now <= mark[1] else (
+            (handed - mark[0]) / (now - mark[1]))
+
+    def steer(self, current: int, wanted: int) -> int:
+        """The thread count to run next, from ``current`` and the model's ``wanted``."""
+        fewer = wanted < current
+        threads = current if fewer and not self.fewer_before else max(wanted, current // 2)
+        self.fewer_before = fewer
+        trial, self.trial = self.trial, None
+        if trial is not None and self.rate is not None and self.rate < 0.85 * trial[1]:
+            threads = self.floor = trial[0]
+        threads = max(threads, self.floor)
+        if abs(threads - current) < max(2, current // 4):
+            return current
+        if threads < current and self.rate is not None:
+            self.trial = (current, self.rate)
+        return threads
+
+
 class Tuner:
     """Reads stats snapshots, recommends loader settings within a CPU and a RAM budget.
 
@@ -174,12 +227,14 @@ class Tuner:
         self._batch_bytes: float | None = None
         self._io_evidence = False
         self._probed = False
+        self.threads = ThreadSteer()
 
     # -- input --------------------------------------------------------------
     def observe(self, snap: dict[str, Any]) -> None:
         """Take a cumulative ``loader.stats()`` snapshot; the difference to the last one is a window."""
         if self._pinned is not None:
             return
+        self.threads.window(int(snap.get("batches", 0)), time.perf_counter())
         last = self._last or {"batches": 0, "steps": 0, "step_s": 0.0, "wait_s": 0.0, "workers": {}}
         if snap.get("batches", 0) < last.get("batches", 0):
             last = {"batches": 0, "steps": 0, "step_s": 0.0, "wait_s": 0.0, "workers": {}}  # a reset
@@ -206,6 +261,11 @@ class Tuner:
         if snap.get("mean_batch_bytes"):
             self._batch_bytes = float(snap["mean_batch_bytes"])
         self._update()
+
+    def steer_threads(self, current: int) -> int:
+        """The fetch threads to run next: the decision's, damped and checked against the
+        throughput of the last window (see :class:`ThreadSteer`)."""
+        return self.threads.steer(current, self.decision().fetch_threads)
 
     def pin(self, decision: Decision | dict[str, Any]) -> Decision:
         """Fix the decision (e.g. one saved with ``to_dict()``): observations no longer change it."""
