@@ -183,8 +183,8 @@ def test_main_process_rng_is_left_alone(kw: dict[str, Any]) -> None:
 def test_without_seed_workers_are_seeded_like_torch() -> None:
     """No seed: a process worker's RNGs start as torch seeds them (base_seed + worker id).
 
-    One worker, because which worker gets which batch is conveyor's choice
-    (it fills the least busy worker), not torch's strict round robin.
+    One worker keeps the comparison independent of the dispatch order (which
+    test_parity.py checks against torch's round robin with two).
     """
     ds = Noisy(12)
     torch.manual_seed(42)
@@ -247,12 +247,45 @@ print("drawing-same", runs[0] == runs[1])
 
 
 @pytest.mark.timeout(120)
-def test_probing_does_not_import_numpy_random_and_notices_a_batch_that_does() -> None:
-    """Snapshotting the RNGs must not import numpy.random (~10 ms in a fresh process); a
-    dataset that imports it and draws still gets the worker's seeded stream."""
+def test_probing_does_not_import_numpy_random_and_a_dataset_importing_it_is_seeded() -> None:
+    """Probing must not import numpy.random (~10 ms in a fresh process) for a dataset that
+    never uses it; one that imports it in __getitem__ and draws still gets the worker's
+    seeded stream."""
     import subprocess
     import sys
 
     out = subprocess.run([sys.executable, "-c", _LAZY_NUMPY_RANDOM], capture_output=True, text=True,
                          timeout=100, check=True).stdout.split()
     assert out == ["quiet-imported", "False", "drawing-same", "True"], out
+
+
+class DrawsFrom(conveyor.Dataset):
+    """Draws from every global RNG for indices from ``start`` on; counts its fetches."""
+
+    def __init__(self, start: int, n: int = 12) -> None:
+        self.start, self.n, self.calls = start, n, 0
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        self.calls += 1
+        return draw(i) if i >= self.start else torch.tensor([i, 0, 0, 0, 0])
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(("start", "fetched_here"), [(0, 3), (3, 9)],
+                         ids=["draws-from-the-first-batch", "draws-from-the-second"])
+def test_probing_fetches_a_drawing_batch_once_unless_it_began_to_draw(start: int, fetched_here: int) -> None:
+    """The first probing batch is made seeded as its worker: a dataset that draws (random
+    augmentation) is fetched once. Later ones are made unseeded once a batch left the RNGs
+    alone; one that draws after all is made again, seeded. Batches match adaptive=False."""
+    runs = []
+    for adaptive in (False, True):
+        ds = DrawsFrom(start)
+        torch.manual_seed(7)
+        with DataLoader(ds, batch_size=3, num_workers=1, adaptive=adaptive) as loader:
+            runs.append(([b.clone() for b in loader], ds.calls))
+    (want, none), (got, here) = runs
+    same_epochs(want, got)
+    assert none == 0 and here == fetched_here

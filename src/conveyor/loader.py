@@ -761,6 +761,7 @@ class _Pool:
         self.rng_states: dict[int, rng.RngState] = {}  # worker -> RNG state after its probing batches
         self.rng_seeded: dict[int, rng.RngState] = {}  # worker -> RNG state as seeding leaves it
         self.rng_sensitive = False  # the dataset draws from the global RNGs
+        self.rng_quiet = False  # a probing batch made with seeded RNGs left them alone
         from .datasets import ArrayDataset
 
         # ArrayDataset.gather draws no randomness: many batches can be gathered at once, and
@@ -869,27 +870,33 @@ class _Pool:
     def _probe(self, local: Fetcher, task: Task) -> Result:
         """A probing batch, made exactly as the worker torch would give it to would make it.
 
-        Most datasets draw nothing from the global RNGs, so the batch is first made with
-        them as they are, and only their states are compared (no seeding: a worker's first
-        seeding costs ~0.5 ms in a fresh process). If they moved, the dataset draws from
-        them: the user's states are put back and the batch is made again with the RNGs set
-        to that worker's (seeded as a worker is seeded, or as its last probing batch left
-        them); the main process then stops making batches and the real worker takes over
-        the RNG state, so results match a loader without ``adaptive``.
+        The global RNGs are set to that worker's (seeded as a worker is seeded, or as its
+        last probing batch left them). If the batch moved them, the dataset draws from
+        them: the main process stops making batches and the real worker takes over the
+        RNG state, so results match a loader without ``adaptive``. Once a batch has left
+        them alone, later probing batches are made with the RNGs as they are (seeding and
+        restoring cost ~0.1 ms a batch) and only compared; one that moves them after all
+        is made again, seeded. Seeding leaves numpy's RNG alone where nothing has imported
+        ``numpy.random`` (~10 ms in a fresh process); a batch that imports it and draws is
+        made again too, with numpy seeded.
         """
         w = (task.seq - self.epoch_start) % max(1, self.num_workers or _cores())
         user = rng.RngState()
         before: rng.RngState | None = None
         moved = True  # the user's RNGs may have moved (an exception, or a seeded run)
         try:
-            if self.rng_sensitive:
+            if self.rng_sensitive or not self.rng_quiet:
                 before = self._seed_as(w)
             result, cost = self._run_probe(local, task, watch=True)
             after = rng.RngState()
             moved = before is not None or not after.same(user)
-            if before is None and moved:
+            # made with the user's RNGs and the dataset drew from them after all, or it
+            # imported numpy.random and drew from its unseeded RNG: make it again exactly
+            # as the worker would
+            if (before is None and moved) or (before is not None and before.np is None
+                                               and after.np is not None and not rng.untouched(after.np)):
                 user.restore()
-                before = self._seed_as(w)
+                before = self._seed_as(w, numpy=True)
                 result, _ = self._run_probe(local, task, watch=False)
                 after = rng.RngState()
         finally:
@@ -903,17 +910,20 @@ class _Pool:
                 self.executor.set_rng(w, after)  # started early, before this batch ended
             if self.num_workers:
                 self.mode = "workers"
+        elif before is not None:
+            self.rng_quiet = True
         return self._timed(result, cost)
 
-    def _seed_as(self, w: int) -> rng.RngState:
+    def _seed_as(self, w: int, *, numpy: bool = False) -> rng.RngState:
         """Set the global RNGs to worker ``w``'s: as its last probing batch left them, or as
         seeding leaves them (snapshotted once: a snapshot and a restore cost ~50 us each,
-        mostly numpy's). Returns that state."""
+        mostly numpy's); numpy's only where it is imported, unless ``numpy``. Returns that
+        state."""
         state = self.rng_states.get(w) or self.rng_seeded.get(w)
-        if state is not None:
+        if state is not None and (state.np is not None or "numpy.random" not in sys.modules):
             state.restore()
             return state
-        rng.seed_worker(self.base_seed, w)
+        rng.seed_worker(self.base_seed, w, numpy=numpy)
         state = self.rng_seeded[w] = rng.RngState()
         return state
 
