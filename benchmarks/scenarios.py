@@ -340,7 +340,7 @@ def build_latency(family: str, quick: bool) -> Setup:
 
 SCENARIOS: dict[str, Scenario] = {s.name: s for s in [
     Scenario("diabetes", "759x8 float32 + label, tensor pair per index, batch 32, 10 epochs, loading only",
-             build_diabetes),
+             build_diabetes, targets=("conveyor2/torch2>=10", "conveyor2/torch0>=1")),
     Scenario("diabetes_train", "diabetes + the seed's 8-6-4-1 MLP, BCELoss, SGD step per batch",
              build_diabetes_train),
     Scenario("diabetes_array", "diabetes data as conveyor.ArrayDataset (torch: TensorDataset); "
@@ -349,11 +349,11 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in [
              build_diabetes_array, loaders=("torch0", "torch2", "conveyor0", "conveyor2", "conveyor2t"),
              targets=("conveyor0/torch0>=20", "conveyor2/torch0>=20")),
     Scenario("images_uint8", "2048 random uint8 3x224x224 from one numpy array, batch 64, 4 epochs",
-             build_images),
+             build_images, targets=("conveyor2/torch2>=4", "conveyor2/torch0>=1")),
     Scenario("jpeg", "512 JPEGs 256..320 px, Pillow decode, random 224 crop + flip, batch 64, 4 epochs",
-             build_jpeg),
+             build_jpeg, targets=("conveyor2/torch2>=1.1",)),
     Scenario("detection", "uint8 3x256x256 + 1..20 boxes, list collate, batch 16, 4 epochs",
-             build_detection),
+             build_detection, targets=("conveyor2/torch2>=3",)),
     Scenario("overlap", "4 ms CPU collate in workers, 4 ms CPU train step in main, batch 8, 512 batches",
              build_overlap, targets=("conveyor2:efficiency>=0.95",)),
     Scenario("latency", "5 ms sleep per sample, batch 32, 3072 samples; conveyor fetch_threads 16 / 32 / 64 "
