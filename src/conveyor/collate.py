@@ -203,6 +203,20 @@ def use_allocator(alloc: Allocator | None) -> Iterator[None]:
         _allocator.reset(token)
 
 
+def call_with_allocator(alloc: Allocator | None, fn: Callable[[Any], Any], arg: Any) -> Any:
+    """``fn(arg)`` with ``alloc`` active, as inside ``use_allocator(alloc)``: the hot path's
+    form, without a generator-based context manager (~1.5 us a batch).
+
+    >>> call_with_allocator(None, len, [1, 2])
+    2
+    """
+    token = _allocator.set(alloc)
+    try:
+        return fn(arg)
+    finally:
+        _allocator.reset(token)
+
+
 def current_allocator() -> Allocator | None:
     """The allocator set by the innermost ``use_allocator``, or None.
 
@@ -253,6 +267,10 @@ def _stack_tensors_into(
 ) -> torch_types.Tensor | None:
     """torch.stack into an allocated buffer, or None when that could differ from plain stack."""
     elem = batch[0]
+    # an allocator may say which leaves it never takes: skip every other check for those
+    floor = getattr(alloc, "min_bytes", 0)
+    if floor and elem.numel() * elem.element_size() * len(batch) < floor:
+        return None
     np_dtype = _dtype_tables(torch)[0].get(elem.dtype)
     if np_dtype is None or not elem.is_cpu or elem.layout is not torch.strided:
         return None
@@ -260,10 +278,6 @@ def _stack_tensors_into(
     # and subclasses may wrap the result: only exact tensors of one dtype go this way.
     # Other differences (shapes, devices, autograd) make ``stack(out=)`` raise; then the
     # plain stack below decides, so results and errors stay those of torch.
-    # an allocator may say which leaves it never takes: skip the per-tensor checks for those
-    floor = getattr(alloc, "min_bytes", 0)
-    if floor and elem.numel() * elem.element_size() * len(batch) < floor:
-        return None
     tensor, dtype = torch.Tensor, elem.dtype
     for t in batch:
         if type(t) is not tensor or t.dtype is not dtype:
