@@ -157,6 +157,7 @@ def _dtype_tables(torch: ModuleType) -> tuple[dict[Any, np.dtype], dict[str, Any
 def torch_dtype_to_numpy(dtype: torch_types.dtype) -> np.dtype | None:
     """The numpy dtype that shares ``dtype``'s memory layout, or None (bfloat16, ...).
 
+    >>> import torch
     >>> torch_dtype_to_numpy(torch.float32)
     dtype('float32')
     """
@@ -413,6 +414,7 @@ def _rebuild_sequence(elem: Sequence[Any], items: list[Any]) -> Any:
 def collate_tensor_fn(batch: Sequence[Any], *, collate_fn_map: CollateFnMap | None = None) -> Any:
     """Stack tensors along a new first dimension.
 
+    >>> import torch
     >>> collate_tensor_fn([torch.zeros(2), torch.ones(2)]).shape
     torch.Size([2, 2])
     """
@@ -439,7 +441,7 @@ def collate_numpy_array_fn(
 ) -> Any:
     """Numpy arrays become one tensor (numpy array without torch); str/object arrays raise.
 
-    >>> collate_numpy_array_fn([np.zeros(2), np.ones(2)]).dtype
+    >>> collate_numpy_array_fn([np.zeros(2), np.ones(2)], collate_fn_map=default_collate_fn_map).dtype
     torch.float64
     """
     elem = batch[0]
@@ -572,7 +574,8 @@ def numpy_collate_tensor_fn(
 ) -> Any:
     """Tensors become numpy arrays (``.numpy()``), then are collated as arrays.
 
-    >>> numpy_collate_tensor_fn([torch.zeros(2), torch.ones(2)]).shape
+    >>> import torch
+    >>> numpy_collate_tensor_fn([torch.zeros(2), torch.ones(2)], collate_fn_map=numpy_collate_fn_map).shape
     (2, 2)
     """
     return collate([t.numpy() for t in batch], collate_fn_map=collate_fn_map)

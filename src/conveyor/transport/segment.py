@@ -69,6 +69,7 @@ class Segment:
     >>> seg.buf[0] = 7; Segment.attach("conveyor_doc_seg").buf[0]
     7
     >>> seg.unlink(); seg.close()
+    True
     """
 
     __slots__ = ("name", "size", "mm", "buf", "__weakref__")
