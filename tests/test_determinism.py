@@ -234,9 +234,10 @@ class ImportsAndDraws(Quiet):
         return torch.tensor([i, int(numpy.random.randint(0, 2**31))])
 
 
+conveyor.rng.RngState().restore()
+print("snapshot-imported", "numpy.random" in sys.modules)
 with conveyor.DataLoader(Quiet(), batch_size=3, num_workers=1) as loader:
     assert [b[:, 0].tolist() for b in loader][0] == [0, 1, 2]
-print("quiet-imported", "numpy.random" in sys.modules)
 runs = []
 for adaptive in (False, True):
     torch.manual_seed(5)
@@ -247,16 +248,16 @@ print("drawing-same", runs[0] == runs[1])
 
 
 @pytest.mark.timeout(120)
-def test_probing_does_not_import_numpy_random_and_a_dataset_importing_it_is_seeded() -> None:
-    """Probing must not import numpy.random (~10 ms in a fresh process) for a dataset that
-    never uses it; one that imports it in __getitem__ and draws still gets the worker's
-    seeded stream."""
+def test_a_snapshot_does_not_import_numpy_random_and_a_dataset_importing_it_is_seeded() -> None:
+    """Snapshotting the user's RNGs must not import numpy.random (~10 ms in a fresh
+    process); a dataset that imports it in __getitem__ and draws gets the worker's seeded
+    stream."""
     import subprocess
     import sys
 
     out = subprocess.run([sys.executable, "-c", _LAZY_NUMPY_RANDOM], capture_output=True, text=True,
                          timeout=100, check=True).stdout.split()
-    assert out == ["quiet-imported", "False", "drawing-same", "True"], out
+    assert out == ["snapshot-imported", "False", "drawing-same", "True"], out
 
 
 class DrawsFrom(conveyor.Dataset):

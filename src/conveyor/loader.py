@@ -876,9 +876,7 @@ class _Pool:
         RNG state, so results match a loader without ``adaptive``. Once a batch has left
         them alone, later probing batches are made with the RNGs as they are (seeding and
         restoring cost ~0.1 ms a batch) and only compared; one that moves them after all
-        is made again, seeded. Seeding leaves numpy's RNG alone where nothing has imported
-        ``numpy.random`` (~10 ms in a fresh process); a batch that imports it and draws is
-        made again too, with numpy seeded.
+        is made again, seeded.
         """
         w = (task.seq - self.epoch_start) % max(1, self.num_workers or _cores())
         user = rng.RngState()
@@ -890,13 +888,11 @@ class _Pool:
             result, cost = self._run_probe(local, task, watch=True)
             after = rng.RngState()
             moved = before is not None or not after.same(user)
-            # made with the user's RNGs and the dataset drew from them after all, or it
-            # imported numpy.random and drew from its unseeded RNG: make it again exactly
-            # as the worker would
-            if (before is None and moved) or (before is not None and before.np is None
-                                               and after.np is not None and not rng.untouched(after.np)):
+            if before is None and moved:
+                # made with the user's RNGs, and the dataset drew from them after all: make
+                # it again exactly as the worker would
                 user.restore()
-                before = self._seed_as(w, numpy=True)
+                before = self._seed_as(w)
                 result, _ = self._run_probe(local, task, watch=False)
                 after = rng.RngState()
         finally:
@@ -914,16 +910,15 @@ class _Pool:
             self.rng_quiet = True
         return self._timed(result, cost)
 
-    def _seed_as(self, w: int, *, numpy: bool = False) -> rng.RngState:
+    def _seed_as(self, w: int) -> rng.RngState:
         """Set the global RNGs to worker ``w``'s: as its last probing batch left them, or as
         seeding leaves them (snapshotted once: a snapshot and a restore cost ~50 us each,
-        mostly numpy's); numpy's only where it is imported, unless ``numpy``. Returns that
-        state."""
+        mostly numpy's). Returns that state."""
         state = self.rng_states.get(w) or self.rng_seeded.get(w)
-        if state is not None and (state.np is not None or "numpy.random" not in sys.modules):
+        if state is not None:
             state.restore()
             return state
-        rng.seed_worker(self.base_seed, w, numpy=numpy)
+        rng.seed_worker(self.base_seed, w)
         state = self.rng_seeded[w] = rng.RngState()
         return state
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["mix", "sample_seed", "seed_all", "worker_seed", "untouched", "RngState"]
+__all__ = ["mix", "sample_seed", "seed_all", "worker_seed", "RngState"]
 
 _MASK64 = (1 << 64) - 1
 
@@ -60,29 +60,12 @@ def seed_all(seed: int, *, numpy_seed: Any = None) -> None:
         torch.random.default_generator.manual_seed(seed)
 
 
-def seed_worker(base_seed: int, worker_id: int, *, numpy: bool = True) -> int:
-    """Seed a worker's RNGs as torch does; returns the worker's seed.
-
-    ``numpy=False`` leaves numpy's global RNG alone where ``numpy.random`` is not imported
-    yet (importing it costs ~10 ms in a fresh process), for a caller that then checks
-    whether anything imported it and drew (see :func:`untouched`).
-    """
+def seed_worker(base_seed: int, worker_id: int) -> int:
+    """Seed a worker's RNGs as torch does; returns the worker's seed."""
     seed = worker_seed(base_seed, worker_id)
-    if not numpy and "numpy.random" not in sys.modules:
-        random.seed(seed)
-        torch = sys.modules.get("torch")
-        if torch is not None:
-            torch.random.default_generator.manual_seed(seed)
-        return seed
     state = np.random.SeedSequence([worker_id, base_seed & 0xFFFFFFFF, (base_seed >> 32) & 0xFFFFFFFF])
     seed_all(seed, numpy_seed=state.generate_state(4))
     return seed
-
-
-def untouched(np_state: Any) -> bool:
-    """Is this numpy global RNG state as seeding leaves it, with nothing drawn since?
-    (MT19937 at position 624 with no cached gaussian: the first draw regenerates.)"""
-    return np_state[2] == 624 and np_state[3] == 0
 
 
 class RngState:
@@ -90,9 +73,10 @@ class RngState:
 
     numpy imports ``numpy.random`` lazily (~10 ms in a fresh process): where nothing has
     imported it yet, nothing has drawn from its global RNG, and its state is recorded as
-    None rather than imported for the snapshot. Such a snapshot is the same as one taken
-    after an import with nothing drawn yet; restoring it after something imported and drew
-    gives numpy's global RNG a fresh seed from the OS, as its import would have.
+    None rather than imported for the snapshot. Restoring such a snapshot after something
+    imported it gives numpy's global RNG a fresh seed from the OS, as its import would
+    have. (A state freshly imported cannot be told from one drawn from, so a snapshot
+    with numpy and one without are never the same.)
     """
 
     __slots__ = ("py", "np", "torch")
@@ -119,8 +103,7 @@ class RngState:
         if self.py != other.py:
             return False
         if self.np is None or other.np is None:
-            imported = self.np if self.np is not None else other.np
-            if imported is not None and not untouched(imported):
+            if self.np is not other.np:
                 return False
         elif self.np[2] != other.np[2] or not np.array_equal(self.np[1], other.np[1]):
             return False
