@@ -194,7 +194,7 @@ def test_a_thread_cut_that_costs_throughput_is_undone(monkeypatch: pytest.Monkey
         pool.retune({"batches": 16})    # 8 batches/s; two votes: cut to 32 (at most half)
         assert applied[-1] == 32
         pool.retune({"batches": 20})    # 4 batches/s after the cut: undone, and a floor set
-        assert applied[-1] == 64 and told.threads.floor == 64
+        assert applied[-1] == 64 and told.thread_steer.floor == 64
         pool.retune({"batches": 28})
         pool.retune({"batches": 36})
         assert applied[-1] == 64, "no cut below the floor"

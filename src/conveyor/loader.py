@@ -929,12 +929,11 @@ class _Pool:
         fresh = self.recycler.fresh_s
         local.schedule(task)
         start: Callable[[], None] | None = None
-        if not watch or self.launched or self.copying:
-            pass
-        elif self.num_workers:
-            start = self._start_early
-        elif self.auto is not None and self.auto["num_workers"]:
-            start = self._start_early_auto
+        if watch and not self.launched and not self.copying:
+            if self.num_workers:
+                start = self._start_early
+            elif self.auto is not None and self.auto["num_workers"]:
+                start = self._start_early_auto
         if start is not None:
             local.watch = (SLOW_S, self._early_check(start, t0, cpu0, first=not self.inline_costs))
         try:

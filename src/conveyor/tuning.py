@@ -227,14 +227,14 @@ class Tuner:
         self._batch_bytes: float | None = None
         self._io_evidence = False
         self._probed = False
-        self.threads = ThreadSteer()
+        self.thread_steer = ThreadSteer()
 
     # -- input --------------------------------------------------------------
     def observe(self, snap: dict[str, Any]) -> None:
         """Take a cumulative ``loader.stats()`` snapshot; the difference to the last one is a window."""
         if self._pinned is not None:
             return
-        self.threads.window(int(snap.get("batches", 0)), time.perf_counter())
+        self.thread_steer.window(int(snap.get("batches", 0)), time.perf_counter())
         last = self._last or {"batches": 0, "steps": 0, "step_s": 0.0, "wait_s": 0.0, "workers": {}}
         if snap.get("batches", 0) < last.get("batches", 0):
             last = {"batches": 0, "steps": 0, "step_s": 0.0, "wait_s": 0.0, "workers": {}}  # a reset
@@ -265,7 +265,7 @@ class Tuner:
     def steer_threads(self, current: int) -> int:
         """The fetch threads to run next: the decision's, damped and checked against the
         throughput of the last window (see :class:`ThreadSteer`)."""
-        return self.threads.steer(current, self.decision().fetch_threads)
+        return self.thread_steer.steer(current, self.decision().fetch_threads)
 
     def pin(self, decision: Decision | dict[str, Any]) -> Decision:
         """Fix the decision (e.g. one saved with ``to_dict()``): observations no longer change it."""

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .. import rng
-from ..collate import call_with_allocator
+from ..collate import use_allocator
 from ..errors import Failure, capture
 from .fetchpool import Batch, FetchPool
 from .task import Hello, Order, Readable, Result, Task, send
@@ -218,7 +218,8 @@ class Fetcher:
     def _collate(self, fn: Callable[[Any], Any], samples: Any) -> Any:
         if self.alloc is None:
             return fn(samples)
-        return call_with_allocator(self.alloc, fn, samples)
+        with use_allocator(self.alloc):
+            return fn(samples)
 
     def _watched(self, indices: list[int], epoch: int,
                  watch: tuple[float, Callable[[], float | None]]) -> list[Any]:
