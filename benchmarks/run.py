@@ -72,6 +72,7 @@ def child(scenario_name: str, loader_name: str, quick: bool, profile_dir: str | 
         profiler.enable()
     passes: list[float] = []
     warmup_s = None
+    cpu0 = cpu_snapshot()
     t0 = time.perf_counter()
     try:
         handle = loaders.make(base, setup.dataset, setup.batch_size, setup.collate_fn,
@@ -96,7 +97,7 @@ def child(scenario_name: str, loader_name: str, quick: bool, profile_dir: str | 
             profiler.disable()
         handle.close()
     out: dict[str, Any] = {"status": "ok", "seconds": seconds, "batches": batches, "first_batch_s": first,
-                           "workers": handle.workers, "opts": opts}
+                           "workers": handle.workers, "opts": opts, "cpu": cpu_use(cpu0, cpu_snapshot())}
     if warmup_s is not None:
         out["warmup_s"] = warmup_s
     if len(passes) > 1:
@@ -129,6 +130,31 @@ def run_epochs(handle: Any, setup: Any, epochs: int, t0: float) -> tuple[int, fl
             batches += 1
             del batch
     return batches, first
+
+
+def cpu_snapshot() -> tuple[list[float], float]:
+    """The machine's CPU seconds by kind (/proc/stat: user nice system idle iowait irq softirq
+    steal) and this process tree's own (itself and its reaped children)."""
+    try:
+        with open("/proc/stat", "rb") as f:
+            ticks = [int(x) / os.sysconf("SC_CLK_TCK") for x in f.readline().split()[1:9]]
+    except (OSError, ValueError):
+        ticks = []
+    own = sum(os.times()[:4])
+    return ticks, own
+
+
+def cpu_use(before: tuple[list[float], float], after: tuple[list[float], float]) -> dict[str, float]:
+    """Where the machine's CPU went between two snapshots: ours, other processes' (the machine
+    is shared: what they take, a loader that fills every core loses), idle, and stolen by the
+    hypervisor. Ours includes close() and is at clock-tick resolution."""
+    (t0, own0), (t1, own1) = before, after
+    out = {"own_s": own1 - own0}
+    if len(t0) == len(t1) == 8:
+        d = [b - a for a, b in zip(t0, t1)]
+        busy = d[0] + d[1] + d[2] + d[5] + d[6]
+        out.update(others_s=max(0.0, busy - out["own_s"]), idle_s=d[3] + d[4], steal_s=d[7])
+    return {k: round(v, 3) for k, v in out.items()}
 
 
 def probe() -> dict[str, Any]:
@@ -278,6 +304,9 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
     if "passes_s" in ok[0]:
         out["best_of"] = len(ok[0]["passes_s"])
         out["passes_s"] = [r["passes_s"] for r in ok]
+    for key in ("others_s", "idle_s", "steal_s"):
+        if all(key in r.get("cpu", {}) for r in ok):
+            out[key] = statistics.median(r["cpu"][key] for r in ok)
     if "ideal_s" in ok[0]:
         out["ideal_s"] = ok[0]["ideal_s"]
         out["efficiency"] = ok[0]["ideal_s"] / out["median_s"]
@@ -385,6 +414,9 @@ def markdown(report: dict[str, Any]) -> str:
                 note = (note + f" warm-up epoch {r['warmup_s']:.4f} s").strip()
             if "best_of" in r:
                 note = (note + f"; each run the best of {r['best_of']} passes").strip()
+            for key, what in (("others_s", "other processes' CPU"), ("steal_s", "stolen CPU")):
+                if r.get(key, 0.0) >= max(0.02, 0.02 * r["median_s"]):
+                    note = (note + f"; {what} {r[key]:.2f} s a run").strip("; ")
             if r.get("opts"):
                 note = (note + " " + ", ".join(f"{k}={val}" for k, val in r["opts"].items())).strip()
             runs = " ".join(f"{t:.3f}" if t >= 0.01 else f"{t:.4f}" for t in r["runs_s"])

@@ -9,6 +9,7 @@ worker is seeded once from ``(base_seed, worker_id)`` as torch does.
 
 from __future__ import annotations
 
+import importlib.abc
 import random
 import sys
 from typing import Any
@@ -50,33 +51,138 @@ def worker_seed(base_seed: int, worker_id: int) -> int:
 
 
 def seed_all(seed: int, *, numpy_seed: Any = None) -> None:
-    """Seed ``random``, numpy's global RNG and (if imported) torch's."""
+    """Seed ``random``, numpy's global RNG and (if imported) torch's.
+
+    numpy's global RNG lives in ``numpy.random``, which numpy 2 imports lazily (~10 ms in a
+    fresh process, ~6 ms in a forked one). Where nothing has imported it, nothing can draw
+    from it: its seed is kept and applied the moment something imports it, which gives the
+    same stream as seeding it now. ``numpy_seed`` may be a callable taking the
+    ``numpy.random`` module (for seeds that need its ``SeedSequence``)."""
     random.seed(seed)
     if numpy_seed is None:
         numpy_seed = seed & 0xFFFFFFFF
-    np.random.seed(numpy_seed)
+    _seed_numpy(numpy_seed)
     torch = sys.modules.get("torch")
     if torch is not None:
         torch.random.default_generator.manual_seed(seed)
 
 
+class _WorkerNumpySeed:
+    """The numpy seed torch gives worker ``worker_id`` of ``base_seed`` (a SeedSequence of
+    both); comparable, so that two pending seeds can be told apart without numpy.random."""
+
+    __slots__ = ("key",)
+
+    def __init__(self, worker_id: int, base_seed: int) -> None:
+        self.key = (worker_id, base_seed & 0xFFFFFFFF, (base_seed >> 32) & 0xFFFFFFFF)
+
+    def __call__(self, np_random: Any) -> Any:
+        return np_random.SeedSequence(list(self.key)).generate_state(4)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _WorkerNumpySeed) and other.key == self.key
+
+    def __hash__(self) -> int:
+        return hash(self.key)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return _WorkerNumpySeed, (self.key[0], self.key[1] | self.key[2] << 32)
+
+
 def seed_worker(base_seed: int, worker_id: int) -> int:
     """Seed a worker's RNGs as torch does; returns the worker's seed."""
     seed = worker_seed(base_seed, worker_id)
-    state = np.random.SeedSequence([worker_id, base_seed & 0xFFFFFFFF, (base_seed >> 32) & 0xFFFFFFFF])
-    seed_all(seed, numpy_seed=state.generate_state(4))
+    seed_all(seed, numpy_seed=_WorkerNumpySeed(worker_id, base_seed))
     return seed
+
+
+def _seed_numpy(numpy_seed: Any) -> None:
+    """Seed numpy's global RNG now if ``numpy.random`` is imported, else when it is."""
+    np_random = sys.modules.get("numpy.random")
+    if np_random is None:
+        _on_import.arm(numpy_seed)
+        return
+    _on_import.pending = None
+    np_random.seed(numpy_seed(np_random) if callable(numpy_seed) else numpy_seed)
+
+
+class _SeedOnImport(importlib.abc.MetaPathFinder):
+    """An import hook that seeds numpy's global RNG right after ``numpy.random`` is imported,
+    while a seed is pending. It finds nothing itself: it wraps the loader the other finders
+    return for ``numpy.random``."""
+
+    def __init__(self) -> None:
+        self.pending: Any = None  # the numpy seed to apply at import; None: do nothing
+
+    def arm(self, numpy_seed: Any) -> None:
+        self.pending = numpy_seed
+        if self not in sys.meta_path:
+            sys.meta_path.insert(0, self)
+
+    def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
+        if self.pending is None or fullname != "numpy.random":
+            return None
+        for finder in sys.meta_path:
+            find = getattr(finder, "find_spec", None)
+            if finder is self or find is None:
+                continue
+            spec = find(fullname, path, target)
+            if spec is not None:
+                if spec.loader is not None and hasattr(spec.loader, "exec_module"):
+                    spec.loader = _SeedAfterExec(spec.loader)
+                return spec
+        return None
+
+
+class _SeedAfterExec(importlib.abc.Loader):
+    """``numpy.random``'s own loader, then the pending seed (the module keeps its own loader)."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+
+    def create_module(self, spec: Any) -> Any:
+        return self.inner.create_module(spec)
+
+    def exec_module(self, module: Any) -> None:
+        module.__loader__ = self.inner
+        if getattr(module, "__spec__", None) is not None:
+            module.__spec__.loader = self.inner
+        self.inner.exec_module(module)
+        pending, _on_import.pending = _on_import.pending, None
+        if pending is not None:
+            module.seed(pending(module) if callable(pending) else pending)
+
+
+_on_import = _SeedOnImport()
+
+
+class _Pending:
+    """A snapshot's numpy state where ``numpy.random`` is not imported but a seed waits for it."""
+
+    __slots__ = ("seed",)
+
+    def __init__(self, seed: Any) -> None:
+        self.seed = seed
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Pending) and type(other.seed) is type(self.seed) and other.seed == self.seed
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return _Pending, (self.seed,)
 
 
 class RngState:
     """Saved states of the global RNGs, to restore after seeding in the main thread.
 
     numpy imports ``numpy.random`` lazily (~10 ms in a fresh process): where nothing has
-    imported it yet, nothing has drawn from its global RNG, and its state is recorded as
-    None rather than imported for the snapshot. Restoring such a snapshot after something
-    imported it gives numpy's global RNG a fresh seed from the OS, as its import would
-    have. (A state freshly imported cannot be told from one drawn from, so a snapshot
-    with numpy and one without are never the same.)
+    imported it yet, nothing has drawn from its global RNG, and its state is recorded
+    without importing it: as the seed waiting for its import (see ``seed_all``), or as
+    None. Restoring a None snapshot after something imported it gives numpy's global RNG
+    a fresh seed from the OS, as its import would have. (A state freshly imported cannot
+    be told from one drawn from, so a snapshot with numpy and one without are never the
+    same.)
     """
 
     __slots__ = ("py", "np", "torch")
@@ -84,16 +190,23 @@ class RngState:
     def __init__(self) -> None:
         self.py = random.getstate()
         np_random = sys.modules.get("numpy.random")
-        self.np = np_random.get_state() if np_random is not None else None
+        pending = _on_import.pending
+        self.np: Any = (np_random.get_state() if np_random is not None else
+                        None if pending is None else _Pending(pending))
         torch = sys.modules.get("torch")
         self.torch = torch.random.default_generator.get_state() if torch is not None else None
 
     def restore(self) -> None:
         random.setstate(self.py)
-        if self.np is not None:
-            np.random.set_state(self.np)
-        elif "numpy.random" in sys.modules:
-            np.random.seed()  # imported since the snapshot (by seeding or the dataset): unseeded again
+        state = self.np
+        if type(state) is _Pending:
+            _seed_numpy(state.seed)
+        else:
+            _on_import.pending = None
+            if state is not None:
+                np.random.set_state(state)
+            elif "numpy.random" in sys.modules:
+                np.random.seed()  # imported since the snapshot (by seeding or the dataset): unseeded again
         torch = sys.modules.get("torch")
         if torch is not None and self.torch is not None:
             torch.random.default_generator.set_state(self.torch)
@@ -102,10 +215,11 @@ class RngState:
         """True when no global RNG moved between the two snapshots."""
         if self.py != other.py:
             return False
-        if self.np is None or other.np is None:
-            if self.np is not other.np:
+        a, b = self.np, other.np
+        if type(a) is tuple and type(b) is tuple:
+            if a[2] != b[2] or not np.array_equal(a[1], b[1]):
                 return False
-        elif self.np[2] != other.np[2] or not np.array_equal(self.np[1], other.np[1]):
+        elif not (a is None and b is None or type(a) is _Pending and a == b):
             return False
         if self.torch is None or other.torch is None:
             return self.torch is other.torch
