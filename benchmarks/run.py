@@ -147,7 +147,8 @@ def cpu_snapshot() -> tuple[list[float], float]:
 def cpu_use(before: tuple[list[float], float], after: tuple[list[float], float]) -> dict[str, float]:
     """Where the machine's CPU went between two snapshots: ours, other processes' (the machine
     is shared: what they take, a loader that fills every core loses), idle, and stolen by the
-    hypervisor. Ours includes close() and is at clock-tick resolution."""
+    hypervisor. Ours includes close() and is at clock-tick resolution; children a loader
+    has not reaped by then count as others'."""
     (t0, own0), (t1, own1) = before, after
     out = {"own_s": own1 - own0}
     if len(t0) == len(t1) == 8:
