@@ -9,7 +9,6 @@ worker is seeded once from ``(base_seed, worker_id)`` as torch does.
 
 from __future__ import annotations
 
-import importlib.abc
 import random
 import sys
 from typing import Any
@@ -106,10 +105,10 @@ def _seed_numpy(numpy_seed: Any) -> None:
     np_random.seed(numpy_seed(np_random) if callable(numpy_seed) else numpy_seed)
 
 
-class _SeedOnImport(importlib.abc.MetaPathFinder):
+class _SeedOnImport:
     """An import hook that seeds numpy's global RNG right after ``numpy.random`` is imported,
     while a seed is pending. It finds nothing itself: it wraps the loader the other finders
-    return for ``numpy.random``."""
+    return for ``numpy.random``. (A plain class: ``importlib.abc`` takes ~10 ms to import.)"""
 
     def __init__(self) -> None:
         self.pending: Any = None  # the numpy seed to apply at import; None: do nothing
@@ -134,7 +133,7 @@ class _SeedOnImport(importlib.abc.MetaPathFinder):
         return None
 
 
-class _SeedAfterExec(importlib.abc.Loader):
+class _SeedAfterExec:
     """``numpy.random``'s own loader, then the pending seed (the module keeps its own loader)."""
 
     def __init__(self, inner: Any) -> None:
