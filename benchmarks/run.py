@@ -410,7 +410,8 @@ def markdown(report: dict[str, Any]) -> str:
             if r["status"] != "ok":
                 out.append(f"| {loader} | - | - | - | - | - | - | {r['status']}: {r.get('note', '')} |")
                 continue
-            note = f"efficiency {r['efficiency']:.2f} (ideal {r['ideal_s']:.2f} s)" if "efficiency" in r else ""
+            note = (f"efficiency {r['efficiency']:.2f} (ideal {r['ideal_s']:.2f} s; fastest run "
+                    f"{r['ideal_s'] / min(r['runs_s']):.2f})" if "efficiency" in r else "")
             if "warmup_s" in r:
                 note = (note + f" warm-up epoch {r['warmup_s']:.4f} s").strip()
             if "best_of" in r:
