@@ -137,7 +137,8 @@ def cpu_snapshot() -> tuple[list[float], float]:
     steal) and this process tree's own (itself and its reaped children)."""
     try:
         with open("/proc/stat", "rb") as f:
-            ticks = [int(x) / os.sysconf("SC_CLK_TCK") for x in f.readline().split()[1:9]]
+            hz = os.sysconf("SC_CLK_TCK")
+            ticks = [int(x) / hz for x in f.readline().split()[1:9]]
     except (OSError, ValueError):
         ticks = []
     own = sum(os.times()[:4])

@@ -102,6 +102,11 @@ def _seed_numpy(numpy_seed: Any) -> None:
         _on_import.arm(numpy_seed)
         return
     _on_import.pending = None
+    _apply(np_random, numpy_seed)
+
+
+def _apply(np_random: Any, numpy_seed: Any) -> None:
+    """Seed the imported ``numpy.random`` with a seed value or a callable that makes one."""
     np_random.seed(numpy_seed(np_random) if callable(numpy_seed) else numpy_seed)
 
 
@@ -149,7 +154,7 @@ class _SeedAfterExec:
         self.inner.exec_module(module)
         pending, _on_import.pending = _on_import.pending, None
         if pending is not None:
-            module.seed(pending(module) if callable(pending) else pending)
+            _apply(module, pending)
 
 
 _on_import = _SeedOnImport()
@@ -165,8 +170,6 @@ class _Pending:
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, _Pending) and type(other.seed) is type(self.seed) and other.seed == self.seed
-
-    __hash__ = None  # type: ignore[assignment]
 
     def __reduce__(self) -> tuple[Any, ...]:
         return _Pending, (self.seed,)
