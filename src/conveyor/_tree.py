@@ -14,29 +14,54 @@ def is_namedtuple(obj: object) -> bool:
     return isinstance(obj, tuple) and hasattr(obj, "_fields")
 
 
+_LEAF, _MAPPING, _NAMEDTUPLE, _TUPLE, _LIST = range(5)
+_kinds: dict[type, int] = {}
+
+
+def _kind(cls: type) -> int:
+    """What ``tree_map`` makes of instances of ``cls``, worked out once per type (the
+    ``isinstance`` check against ``Mapping`` is an ABC check, a real share of a small batch)."""
+    if issubclass(cls, (str, bytes)):
+        kind = _LEAF
+    elif issubclass(cls, Mapping):
+        kind = _MAPPING
+    elif issubclass(cls, tuple):
+        kind = _NAMEDTUPLE if hasattr(cls, "_fields") else _TUPLE
+    elif issubclass(cls, list):
+        kind = _LIST
+    else:
+        kind = _LEAF
+    if len(_kinds) > 4096:  # types made on the fly: keep the table small
+        _kinds.clear()
+    _kinds[cls] = kind
+    return kind
+
+
 def tree_map(fn: Callable[[Any], Any], tree: Any) -> Any:
     """Apply ``fn`` to every leaf, rebuilding containers of the same type.
 
     >>> tree_map(lambda x: x * 2, {"a": [1, (2, 3)]})
     {'a': [2, (4, 6)]}
     """
-    if isinstance(tree, (str, bytes)):
+    cls = type(tree)
+    kind = _kinds.get(cls)
+    if kind is None:
+        kind = _kind(cls)
+    if kind == _LEAF:
         return fn(tree)
-    if isinstance(tree, Mapping):
+    if kind == _LIST:
+        return [tree_map(fn, v) for v in tree]
+    if kind == _TUPLE:
+        return tuple(tree_map(fn, v) for v in tree)
+    if kind == _MAPPING:
         items = {k: tree_map(fn, v) for k, v in tree.items()}
-        if type(tree) is dict:
+        if cls is dict:
             return items
         try:
-            return type(tree)(items)  # type: ignore[call-arg]
+            return cls(items)
         except TypeError:
             return items
-    if is_namedtuple(tree):
-        return type(tree)(*(tree_map(fn, v) for v in tree))
-    if isinstance(tree, tuple):
-        return tuple(tree_map(fn, v) for v in tree)
-    if isinstance(tree, list):
-        return [tree_map(fn, v) for v in tree]
-    return fn(tree)
+    return cls(*(tree_map(fn, v) for v in tree))  # a namedtuple
 
 
 def leaves(tree: Any) -> list[Any]:

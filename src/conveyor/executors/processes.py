@@ -23,7 +23,7 @@ from typing import Any
 from .. import transport
 from ..errors import rebuild
 from .base import Event, Ledger
-from .task import Death, Hello, Order, Readable, Result, Task, send
+from .task import Death, Hello, Inbox, Order, Result, Task, send
 from .worker import WorkerSpec, serve, stack_path
 
 __all__ = ["ProcessExecutor", "StartupError"]
@@ -42,7 +42,7 @@ _GUARD_HINT = (
 
 
 class _Worker:
-    __slots__ = ("proc", "tasks", "results", "gen", "pid", "ready", "readable")
+    __slots__ = ("proc", "tasks", "results", "gen", "pid", "ready", "inbox")
 
     def __init__(self, proc: Any, tasks: Connection, results: Connection, gen: int) -> None:
         self.proc = proc
@@ -51,14 +51,14 @@ class _Worker:
         self.gen = gen
         self.pid: int | None = proc.pid
         self.ready = False
-        self.readable = Readable(results)
+        self.inbox = Inbox(results)  # every read of ``results`` goes through it
 
 
 class ProcessExecutor:
     kind = "process"
 
     def __init__(self, spec: WorkerSpec, num_workers: int, context: Any = None,
-                 *, start_timeout: float = 120.0, wait_ready: bool = False, pinner: Any = None) -> None:
+                 *, pinner: Any = None) -> None:
         if context is None:
             context = mp.get_context()
         elif isinstance(context, str):
@@ -84,8 +84,6 @@ class ProcessExecutor:
             for w in range(num_workers):
                 self.workers[w] = self._spawn(w)
                 self._watch(w, self.workers[w])
-            if wait_ready:
-                self._await_ready(start_timeout)
         except BaseException:
             self.close()
             raise
@@ -116,37 +114,6 @@ class ProcessExecutor:
         task_r.close()
         res_w.close()
         return _Worker(proc, task_w, res_r, gen)
-
-    def _await_ready(self, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        pending = {w for w in range(self.num_workers)}
-        while pending:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise StartupError(f"workers {sorted(pending)} did not start within {timeout:.0f} s")
-            conns: dict[Any, int] = {}
-            for w in pending:
-                wk = self.workers[w]
-                assert wk is not None
-                conns[wk.results] = w
-                conns[wk.proc.sentinel] = w
-            for obj in wait(list(conns), left):
-                w = conns[obj]
-                if w not in pending:
-                    continue
-                wk = self.workers[w]
-                assert wk is not None
-                if obj is wk.results:
-                    try:
-                        msg = wk.results.recv()
-                    except (EOFError, OSError):
-                        msg = None
-                    if isinstance(msg, Hello):
-                        self._hello(wk, msg)
-                        pending.discard(w)
-                        continue
-                wk.proc.join(1.0)
-                raise self._startup_error(w, wk)
 
     # -- running ----------------------------------------------------------
     def submit(self, worker: int, tasks: list[Task]) -> None:
@@ -221,19 +188,19 @@ class ProcessExecutor:
             wk = self.workers[w]
             assert wk is not None
             if not sentinel:
-                while True:
-                    try:
-                        if not wk.readable():
-                            break
-                        msg = wk.results.recv()
-                    except (EOFError, OSError):
-                        dead.add(w)
-                        break
+                try:
+                    msgs = wk.inbox.take()
+                except OSError:
+                    dead.add(w)
+                    continue
+                for msg in msgs:
                     if isinstance(msg, Result):
                         self._note(w, wk, msg)
                         events.append(msg)
                     elif isinstance(msg, Hello):
                         self._hello(wk, msg)
+                if wk.inbox.eof:
+                    dead.add(w)
             else:
                 dead.add(w)
         for w in sorted(dead):
@@ -241,12 +208,12 @@ class ProcessExecutor:
             assert wk is not None
             # drain what it sent before dying
             try:
-                while wk.readable():
-                    msg = wk.results.recv()
-                    if isinstance(msg, Result):
-                        self._note(w, wk, msg)
-                        events.append(msg)
-            except (EOFError, OSError):
+                while not wk.inbox.eof and wait([wk.results], 0):
+                    for msg in wk.inbox.take():
+                        if isinstance(msg, Result):
+                            self._note(w, wk, msg)
+                            events.append(msg)
+            except OSError:
                 pass
             wk.proc.join(0.5)
             if wk.proc.exitcode is None and wk.proc.is_alive():
@@ -339,14 +306,18 @@ class ProcessExecutor:
         deadline = time.monotonic() + 60
         while not wk.ready:
             left = deadline - time.monotonic()
-            if left <= 0 or not wait([wk.results, wk.proc.sentinel], left):
+            ready = wait([wk.results, wk.proc.sentinel], left) if left > 0 else []
+            if not ready:
                 raise StartupError(f"replacement for worker {worker} did not start")
             try:
-                msg = wk.results.recv()
-            except (EOFError, OSError):
-                raise StartupError(f"replacement for worker {worker} died during start-up") from None
-            if isinstance(msg, Hello):
-                self._hello(wk, msg)
+                msgs = wk.inbox.take() if wk.results in ready else []
+            except OSError:
+                msgs = []
+            for msg in msgs:
+                if isinstance(msg, Hello):
+                    self._hello(wk, msg)
+            if not wk.ready and (wk.inbox.eof or not msgs and wk.results not in ready):
+                raise StartupError(f"replacement for worker {worker} died during start-up")
         return tasks
 
     def stack(self, worker: int) -> str | None:

@@ -29,7 +29,7 @@ from .. import rng
 from ..collate import use_allocator
 from ..errors import Failure, capture
 from .fetchpool import Batch, FetchPool
-from .task import Hello, Order, Readable, Result, Task, send
+from .task import Hello, Inbox, Order, Readable, Result, Task, send
 
 __all__ = ["WorkerInfo", "WorkerSpec", "Fetcher", "get_worker_info", "serve"]
 
@@ -385,12 +385,20 @@ def serve(spec: WorkerSpec, worker_id: int, gen: int, tasks: Any, results: Any,
         results.send(Hello(worker_id, os.getpid()))
         queue: list[Task] = []
         readable = Readable(tasks)
+        inbox = Inbox(tasks)
         warned = False
         done = 0
 
-        def accept(order: Order | None) -> bool:
-            """Apply an order; False when it says stop (or the main process is gone)."""
-            if order is None or order.stop:
+        def take() -> bool:
+            """Apply the orders waiting (the pipe is readable); False: stop, or the main process is gone."""
+            orders = inbox.take()
+            if inbox.eof:
+                return False
+            return all(accept(order) for order in orders)
+
+        def accept(order: Order) -> bool:
+            """Apply an order; False when it says stop."""
+            if order.stop:
                 return False
             if pool is not None and order.freed:
                 pool.release(list(order.freed))
@@ -405,7 +413,7 @@ def serve(spec: WorkerSpec, worker_id: int, gen: int, tasks: Any, results: Any,
 
         while True:
             if not queue:
-                if not accept(_receive(tasks, readable, parent_pid)):
+                if not _wait(readable, parent_pid) or not take():
                     return
                 continue
             task = queue.pop(0)
@@ -436,9 +444,8 @@ def serve(spec: WorkerSpec, worker_id: int, gen: int, tasks: Any, results: Any,
                 result.rss = _rss()
             send(results, result)
             # take any orders that arrived meanwhile, without blocking
-            while readable():
-                if not accept(tasks.recv()):
-                    return
+            if readable() and not take():
+                return
     except (BrokenPipeError, EOFError, ConnectionResetError):
         return
     finally:
@@ -481,16 +488,12 @@ def _rss() -> int | None:
         return None
 
 
-def _receive(conn: Any, readable: Readable, parent_pid: int) -> Order | None:
-    """Block for the next order; None when the main process is gone."""
-    while True:
-        if readable(0.5):
-            try:
-                return conn.recv()
-            except (EOFError, OSError):
-                return None
+def _wait(readable: Readable, parent_pid: int) -> bool:
+    """Block until the order pipe is readable; False when the main process is gone."""
+    while not readable(0.5):
         if os.getppid() != parent_pid:
-            return None
+            return False
+    return True
 
 
 def stack_path(prefix: str, worker: int, gen: int) -> str:

@@ -9,6 +9,7 @@ else (scalars, strings, custom objects) travels as it is, beside them.
 
 from __future__ import annotations
 
+import math
 import sys
 from dataclasses import dataclass
 from typing import Any
@@ -119,23 +120,53 @@ def decode(packed: Packed, views: Views, *, output: str) -> Any:
     roots: dict[int, np.ndarray] = {}
     for slot_id, name in packed.slots:
         roots[slot_id] = views.root((packed.worker, packed.gen, slot_id), name)
-    if packed.blob is not None:
-        roots[-1] = np.frombuffer(packed.blob, dtype=np.uint8)
+    blob = packed.blob
     torch = sys.modules.get("torch") if output == "torch" else None
 
     def leaf(obj: Any) -> Any:
         if type(obj) is not Leaf:
             return obj
-        dtype = np.dtype(obj.dtype)
-        n = dtype.itemsize
-        for d in obj.shape:
-            n *= d
-        arr = roots[obj.slot][obj.offset: obj.offset + n].view(dtype).reshape(obj.shape)
+        count = math.prod(obj.shape)
+        if obj.slot < 0 and torch is not None and obj.tensor and count:
+            # a small tensor from the message's blob: one call, not four through numpy
+            tdtype = _torch_dtype(obj.dtype)
+            if tdtype is not None:
+                return torch.frombuffer(blob, dtype=tdtype, count=count, offset=obj.offset).view(obj.shape)
+        dtype = _np_dtype(obj.dtype)
+        root = roots.get(obj.slot)
+        if root is None:
+            root = roots[-1] = np.frombuffer(blob, dtype=np.uint8)
+        arr = root[obj.offset: obj.offset + count * dtype.itemsize].view(dtype).reshape(obj.shape)
         if torch is not None and obj.tensor:
             return torch.from_numpy(arr)
         return arr
 
     return tree_map(leaf, packed.tree)
+
+
+_np_dtypes: dict[str, np.dtype] = {}
+_torch_dtypes: dict[str, Any] = {}
+
+
+def _np_dtype(name: str) -> np.dtype:
+    dtype = _np_dtypes.get(name)
+    if dtype is None:
+        dtype = _np_dtypes[name] = np.dtype(name)
+    return dtype
+
+
+def _torch_dtype(name: str) -> Any:
+    """The torch dtype of a native-order numpy dtype string, or None (the numpy path decides)."""
+    try:
+        return _torch_dtypes[name]
+    except KeyError:
+        pass
+    from ..collate import numpy_dtype_to_torch
+
+    dtype = _np_dtype(name)
+    found = numpy_dtype_to_torch(dtype) if dtype.isnative else None
+    _torch_dtypes[name] = found
+    return found
 
 
 def to_numpy(batch: Any) -> Any:

@@ -1,0 +1,158 @@
+"""The pipe protocol between the main process and its workers: frames, many per read, split ones."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import pickle
+import threading
+from collections import OrderedDict
+from collections.abc import Iterator, Mapping
+from typing import Any, NamedTuple
+
+import numpy as np
+import pytest
+import torch
+
+import conveyor
+from conveyor._tree import tree_map
+from conveyor.executors.task import Inbox, Order, Result, Task, send
+
+
+def _pipe() -> tuple[Any, Any]:
+    reader, writer = mp.Pipe(duplex=False)
+    return reader, writer
+
+
+def test_many_messages_come_in_one_take_in_order() -> None:
+    reader, writer = _pipe()
+    inbox = Inbox(reader)
+    sent = [Result(k, 0, batch=[k] * k) for k in range(5)] + [Order((Task(9, 0, [1, 2]),))]
+    for msg in sent[:3]:
+        send(writer, msg)
+    for msg in sent[3:]:
+        writer.send(msg)  # Connection's own framing (a worker's hello) reads the same
+    got = inbox.take()
+    assert got == sent
+    assert not inbox.eof
+    reader.close(), writer.close()
+
+
+def test_send_is_what_connection_recv_reads() -> None:
+    reader, writer = _pipe()
+    order = Order((Task(3, 1, [4, 5, 6]),), freed=(1, 2))
+    send(writer, order)
+    assert reader.recv() == order
+    reader.close(), writer.close()
+
+
+def test_a_message_split_across_reads_waits_for_its_rest() -> None:
+    reader, writer = _pipe()
+    inbox = Inbox(reader)
+    data = pickle.dumps(Result(7, 1, batch="x" * 100))
+    frame = len(data).to_bytes(4, "big") + data
+    for cut in (2, 4, 50):  # inside the length, right after it, inside the pickle
+        os.write(writer.fileno(), frame[:cut])
+        assert inbox.take() == []
+        os.write(writer.fileno(), frame[cut:] + frame)  # the rest, then one more whole
+        assert [m.seq for m in inbox.take()] == [7, 7]
+    reader.close(), writer.close()
+
+
+def test_long_length_header() -> None:
+    # Connection writes -1 and an 8-byte length for messages over 2 GiB; the same frame,
+    # around a small pickle, must read the same (without sending 2 GiB here)
+    reader, writer = _pipe()
+    inbox = Inbox(reader)
+    data = pickle.dumps(Result(11, 0))
+    head = (-1).to_bytes(4, "big", signed=True) + len(data).to_bytes(8, "big")
+    os.write(writer.fileno(), head[:7])
+    assert inbox.take() == []
+    os.write(writer.fileno(), head[7:] + data)
+    assert [m.seq for m in inbox.take()] == [11]
+    reader.close(), writer.close()
+
+
+def test_a_message_larger_than_the_pipe_arrives_over_several_reads() -> None:
+    reader, writer = _pipe()
+    inbox = Inbox(reader)
+    big = Result(1, 0, batch=bytes(range(256)) * 2048)  # 512 KiB: the writer blocks until read
+    t = threading.Thread(target=send, args=(writer, big))
+    t.start()
+    got: list[Any] = []
+    while not got:
+        assert reader.poll(10)
+        got = inbox.take()
+    t.join(10)
+    assert got == [big]
+    reader.close(), writer.close()
+
+
+def test_end_of_pipe_sets_eof_and_drops_a_cut_message() -> None:
+    reader, writer = _pipe()
+    inbox = Inbox(reader)
+    send(writer, Result(1, 0))
+    data = pickle.dumps(Result(2, 0))
+    os.write(writer.fileno(), len(data).to_bytes(4, "big") + data[:3])  # the writer dies mid-message
+    writer.close()
+    assert [m.seq for m in inbox.take()] == [1]
+    assert not inbox.eof
+    assert inbox.take() == []
+    assert inbox.eof
+    reader.close()
+
+
+class Pair(NamedTuple):
+    a: Any
+    b: Any
+
+
+class Frozen(Mapping):  # type: ignore[type-arg]
+    def __init__(self, d: dict[str, Any]) -> None:
+        self.d = dict(d)
+
+    def __getitem__(self, k: str) -> Any:
+        return self.d[k]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.d)
+
+    def __len__(self) -> int:
+        return len(self.d)
+
+
+def test_tree_map_keeps_every_container_kind() -> None:
+    tree = {"p": Pair(1, [2, (3, "s")]), "o": OrderedDict(x=4), "f": Frozen({"y": 5}), "b": b"raw"}
+    out = tree_map(lambda v: v * 10 if isinstance(v, int) else v, tree)
+    assert out["p"] == Pair(10, [20, (30, "s")]) and type(out["p"]) is Pair
+    assert type(out["o"]) is OrderedDict and out["o"] == {"x": 40}
+    assert type(out["f"]) is Frozen and dict(out["f"]) == {"y": 50}
+    assert out["b"] == b"raw"
+
+
+class Odd(torch.utils.data.Dataset):  # type: ignore[type-arg]
+    """Small leaves of every shape the blob carries: scalars, empty, bool, half, numpy."""
+
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        return {"scalar": torch.tensor(float(i)), "empty": torch.zeros(0, 3), "flag": torch.tensor(i % 2 == 0),
+                "half": torch.full((2,), i, dtype=torch.float16), "np": np.arange(3, dtype=np.int32) + i,
+                "label": i}
+
+
+@pytest.mark.parametrize("output", ["torch", "numpy"])
+def test_small_leaves_from_workers_match_the_main_process(output: str) -> None:
+    inline = list(conveyor.DataLoader(Odd(), batch_size=4, output=output))
+    with conveyor.DataLoader(Odd(), batch_size=4, num_workers=2, adaptive=False, output=output) as loader:
+        from_workers = list(loader)
+    for a, b in zip(inline, from_workers):
+        assert a.keys() == b.keys()
+        for k in a:
+            if output == "torch" and k != "label":
+                assert isinstance(b[k], torch.Tensor) and b[k].dtype == a[k].dtype
+                assert b[k].shape == a[k].shape and torch.equal(a[k], b[k])
+            else:
+                np.testing.assert_array_equal(np.asarray(a[k]), np.asarray(b[k]))
+                assert np.asarray(a[k]).dtype == np.asarray(b[k]).dtype
