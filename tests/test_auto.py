@@ -201,3 +201,46 @@ def test_a_thread_cut_that_costs_throughput_is_undone(monkeypatch: pytest.Monkey
     finally:
         pool.close()
         loader.close()
+
+
+@pytest.mark.timeout(60)
+def test_a_settled_choice_carries_to_the_next_epoch_without_persistent_workers(monkeypatch: pytest.MonkeyPatch) -> None:
+    # workers that do not persist are new every epoch; what "auto" settled on is not probed again
+    monkeypatch.setattr(conveyor.loader, "INLINE_MAX_S", 0.05)
+    probed: list[int] = []
+    probe = conveyor.loader._Pool._probe
+
+    def counting(self: object, local: object, task: object) -> object:
+        probed.append(task.seq)  # type: ignore[attr-defined]
+        return probe(self, local, task)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(conveyor.loader._Pool, "_probe", counting)
+    with DataLoader(Tiny(), batch_size=16, num_workers="auto", output="numpy") as loader:
+        first = _all(loader)
+        chosen = loader.tuning()
+        second = _all(loader)
+        kept = loader.tuning()
+        stats = loader.stats()
+    assert np.array_equal(first, np.arange(512)) and np.array_equal(second, np.arange(512))
+    assert probed == [0, 1]  # the first epoch's two probing batches, none after
+    assert chosen is not None and chosen["num_workers"] == 0 and kept == chosen
+    assert stats["main_process_batches"] == 512 // 16 and not stats["workers_started"]
+
+
+@pytest.mark.timeout(60)
+def test_the_next_epoch_starts_from_the_workers_chosen_before() -> None:
+    # an epoch of 24 batches is too short to settle: the next one goes on from there
+    with DataLoader(Waits(), batch_size=16, num_workers="auto", output="numpy") as loader:
+        first = _all(loader)
+        chosen = loader.tuning()
+        assert chosen is not None and chosen["num_workers"] >= 1
+        tuner = loader._tuner
+        it = iter(loader)
+        pool = it.pool  # type: ignore[attr-defined]
+        start = (pool.num_workers, pool.threads, pool.prefetch, pool.mode)
+        second = np.concatenate([b[:, 0] for b in it])
+        stats = loader.stats()
+    assert np.array_equal(first, np.arange(16 * 24)) and np.array_equal(second, np.arange(16 * 24))
+    assert pool.tuner is tuner
+    assert start == (chosen["num_workers"], chosen["fetch_threads"], chosen["prefetch_factor"], "workers")
+    assert stats["workers_started"] and stats["main_process_batches"] == 0

@@ -254,6 +254,7 @@ class DataLoader(Generic[T]):
         self.adaptive = adaptive
         self.restart_hung = restart_hung
         self._auto = auto if any(auto.values()) else None
+        self._tuner: Any = None  # "auto"'s tuner: one for every epoch, as workers may not persist
 
         iterable = _is_iterable_dataset(dataset)
         if iterable and self._auto is not None:
@@ -734,8 +735,10 @@ class _Pool:
         self.prefetch = 2 if pf is None else max(1, pf)
         self.auto = loader._auto
         self.tuner: Any = None
+        kept = None
         if self.auto is not None:
-            self.tuner = Tuner(cpu=_cores())
+            kept = loader._tuner
+            self.tuner = loader._tuner = kept or Tuner(cpu=_cores())
             if self.auto["num_workers"]:
                 self.num_workers = 0
         self.worker_type = loader.worker_type
@@ -773,6 +776,8 @@ class _Pool:
             self.tuner.pin({"num_workers": 0, "fetch_threads": 1, "prefetch_factor": None,
                             "reason": "in-memory arrays: one gather in the main process beats any worker"})
         self.epoch_start = 0  # seq of the current epoch's first batch
+        if kept is not None and not kept.measuring and not self.bulk:
+            self._resume(kept.decision())
         if self.num_workers == 0 and not auto_workers:
             inline = InlineExecutor(self.spec)
             inline.fetcher.alloc = self.recycler
@@ -782,6 +787,22 @@ class _Pool:
         # plain batches (no per-sample seeding, no skipping) need no task envelope in the main process
         self.quick = (self.spec.auto_collation and not self.spec.iterable and self.spec.seed is None
                       and self.spec.on_error == "raise")
+
+    def _resume(self, kept: Any) -> None:
+        """Start where "auto" got to in the epochs before (workers that do not persist are
+        new every epoch): no probing batches, and the tuner goes on from its last choice."""
+        auto = self.auto or {}
+        if auto.get("fetch_threads"):
+            self.threads = kept.fetch_threads
+        if auto.get("prefetch_factor") and kept.prefetch_factor:
+            self.prefetch = kept.prefetch_factor
+        if auto.get("num_workers"):
+            self.num_workers = kept.num_workers
+            # the probe that would tell whether the dataset draws from the global RNGs does
+            # not run again: with workers, the workers make every batch, as torch's would
+            self.mode = "workers" if kept.num_workers else "inline"
+            self.adaptive = False
+        self.spec = dataclasses.replace(self.spec, fetch_threads=self.threads, num_workers=self.num_workers)
 
     @property
     def started(self) -> bool:
