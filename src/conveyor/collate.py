@@ -263,7 +263,7 @@ def _stack_tensors_into(
     elem = batch[0]
     # an allocator may say which leaves it never takes: skip every other check for those
     floor = getattr(alloc, "min_bytes", 0)
-    if floor and elem.numel() * elem.element_size() * len(batch) < floor:
+    if floor and elem.nbytes * len(batch) < floor:
         return None
     np_dtype = _dtype_tables(torch)[0].get(elem.dtype)
     if np_dtype is None or not elem.is_cpu or elem.layout is not torch.strided:

@@ -58,6 +58,12 @@ def _as_numpy(obj: Any) -> tuple[np.ndarray, bool] | None:
         return obj, False
     torch = sys.modules.get("torch")
     if torch is not None and type(obj) is torch.Tensor:
+        try:
+            # one call for a plain CPU tensor; numpy() refuses every other kind (a device,
+            # autograd, sparse or quantized tensor, a conj or neg bit, dtypes numpy lacks)
+            return obj.numpy(), True
+        except (TypeError, RuntimeError):
+            pass
         if obj.device.type != "cpu" or obj.requires_grad or obj.is_sparse or obj.is_quantized:
             return None
         if obj.is_conj() or obj.is_neg():
