@@ -132,7 +132,8 @@ def decode(packed: Packed, views: Views, *, output: str) -> Any:
     roots: dict[int, Any] = {}
     for slot_id, name in packed.slots:
         roots[slot_id] = views.root((packed.worker, packed.gen, slot_id), name)
-    roots[-1] = packed.blob
+    if packed.blob is not None:
+        roots[-1] = packed.blob
     torch = sys.modules.get("torch") if output == "torch" else None
 
     def leaf(obj: Any) -> Any:
