@@ -404,7 +404,8 @@ def markdown(report: dict[str, Any]) -> str:
         out.append(f"| {name} | {head} | {fmt(r.get('vs_torch2'))} | {fmt(r.get('vs_torch0'))} | "
                    f"{fmt(vs_peers)} | {targets} |")
     for name, sc in report["scenarios"].items():
-        out += ["", f"## {name}", "", sc["doc"], "",
+        reps = f" ({sc['repeats']} repeats: short runs)" if sc.get("repeats", report["repeats"]) != report["repeats"] else ""
+        out += ["", f"## {name}", "", sc["doc"] + reps, "",
                 "| loader | median s | runs s | batches | first batch s | vs torch2 | vs torch0 | note |",
                 "|---|---|---|---|---|---|---|---|"]
         for loader, r in sc["loaders"].items():
@@ -434,7 +435,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true", help="every scenario once, small sizes, few loaders")
     p.add_argument("--scenario", action="append", help="run only these scenarios (repeatable)")
     p.add_argument("--loader", action="append", help="run only these loaders (repeatable)")
-    p.add_argument("--repeats", type=int, default=None, help="runs per pair (default 3, quick 1)")
+    p.add_argument("--repeats", type=int, default=None, help="runs per pair (default 3, quick 1; "
+                   "scenarios of very short runs get at least their min_repeats)")
+    p.add_argument("--repeats-exact", action="store_true", help="no min_repeats: exactly --repeats everywhere")
     p.add_argument("--name", default=None, help="results file stem (default 'full' or 'quick')")
     p.add_argument("--out", default=str(HERE / "results"), help="results directory")
     p.add_argument("--profile", action="store_true", help="cProfile each child's timed region into --out")
@@ -486,7 +489,8 @@ def main(argv: list[str] | None = None) -> int:
             base = sc.variants.get(ln, (ln, {}))[0]
             if base in unavailable:
                 runs[ln].append({"status": "skip", "note": unavailable[base]})
-        for rep in range(repeats):
+        reps = repeats if a.quick or a.repeats_exact else max(repeats, sc.min_repeats)
+        for rep in range(reps):
             for ln in chosen:
                 if runs[ln] and runs[ln][-1]["status"] != "ok":
                     continue  # skipped or failed once: do not retry
@@ -499,7 +503,7 @@ def main(argv: list[str] | None = None) -> int:
         speedups(result)
         targets = sc.targets + (AUTO_TARGETS if "conveyor_auto" in result and result["conveyor_auto"].get(
             "status") == "ok" and not a.quick else ())
-        report["scenarios"][sname] = {"doc": sc.doc, "headline": sc.headline, "loaders": result,
+        report["scenarios"][sname] = {"doc": sc.doc, "headline": sc.headline, "loaders": result, "repeats": reps,
                                       "targets": [check(t, result) for t in targets]}
     report["elapsed_s"] = time.perf_counter() - started
     report["machine"]["load_avg_end"] = [round(x, 2) for x in os.getloadavg()]

@@ -72,7 +72,9 @@ class Scenario:
 
     ``loaders`` lists loader names; a name may be a variant ``"<base>_<tag>"``
     declared in ``variants`` as ``(base, extra kwargs)``. ``headline`` is the
-    conveyor loader reported in the summary table.
+    conveyor loader reported in the summary table. ``min_repeats``: runs of a few tens of
+    milliseconds, where one preemption moves a run by a third, get at least this many
+    repeats in a full run (every loader alike).
     """
 
     name: str
@@ -82,6 +84,7 @@ class Scenario:
     variants: dict[str, tuple[str, dict[str, Any]]] = field(default_factory=dict)
     headline: str = "conveyor2"
     targets: tuple[str, ...] = ()
+    min_repeats: int = 0
 
 
 def busy(seconds: float) -> None:
@@ -340,9 +343,9 @@ def build_latency(family: str, quick: bool) -> Setup:
 
 SCENARIOS: dict[str, Scenario] = {s.name: s for s in [
     Scenario("diabetes", "759x8 float32 + label, tensor pair per index, batch 32, 10 epochs, loading only",
-             build_diabetes, targets=("conveyor2/torch2>=10", "conveyor2/torch0>=1")),
+             build_diabetes, targets=("conveyor2/torch2>=10", "conveyor2/torch0>=1"), min_repeats=11),
     Scenario("diabetes_train", "diabetes + the seed's 8-6-4-1 MLP, BCELoss, SGD step per batch",
-             build_diabetes_train),
+             build_diabetes_train, min_repeats=11),
     Scenario("diabetes_array", "diabetes data as conveyor.ArrayDataset (torch: TensorDataset); "
              "10 epochs timed after one untimed warm-up epoch, best of 5 such passes per run "
              "(warm-up time in the note column)",
