@@ -32,6 +32,22 @@ class Waits:
         return np.full(2, i, dtype=np.int64)
 
 
+@pytest.fixture
+def probed(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The seq of every probing batch the main process makes; "cheap" is a generous 50 ms,
+    so that a busy machine does not decide these tests."""
+    monkeypatch.setattr(conveyor.loader, "INLINE_MAX_S", 0.05)
+    seen: list[int] = []
+    probe = conveyor.loader._Pool._probe
+
+    def counting(self: object, local: object, task: object) -> object:
+        seen.append(task.seq)  # type: ignore[attr-defined]
+        return probe(self, local, task)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(conveyor.loader._Pool, "_probe", counting)
+    return seen
+
+
 def _all(loader: DataLoader) -> np.ndarray:
     return np.concatenate([b[:, 0] for b in loader])
 
@@ -52,17 +68,8 @@ def test_cheap_samples_stay_in_the_main_process(monkeypatch: pytest.MonkeyPatch)
 
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("workers", ["auto", 2])
-def test_two_cheap_probing_batches_are_enough(monkeypatch: pytest.MonkeyPatch, workers: object) -> None:
+def test_two_cheap_probing_batches_are_enough(probed: list[int], workers: object) -> None:
     # each probing batch snapshots the global RNGs (~0.15 ms): two cheap batches decide
-    monkeypatch.setattr(conveyor.loader, "INLINE_MAX_S", 0.05)
-    probed: list[int] = []
-    probe = conveyor.loader._Pool._probe
-
-    def counting(self: object, local: object, task: object) -> object:
-        probed.append(task.seq)  # type: ignore[attr-defined]
-        return probe(self, local, task)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(conveyor.loader._Pool, "_probe", counting)
     with DataLoader(Tiny(), batch_size=16, num_workers=workers, persistent_workers=True, output="numpy") as loader:
         got = _all(loader)
         stats = loader.stats()
@@ -204,17 +211,8 @@ def test_a_thread_cut_that_costs_throughput_is_undone(monkeypatch: pytest.Monkey
 
 
 @pytest.mark.timeout(60)
-def test_a_settled_choice_carries_to_the_next_epoch_without_persistent_workers(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_settled_choice_carries_to_the_next_epoch_without_persistent_workers(probed: list[int]) -> None:
     # workers that do not persist are new every epoch; what "auto" settled on is not probed again
-    monkeypatch.setattr(conveyor.loader, "INLINE_MAX_S", 0.05)
-    probed: list[int] = []
-    probe = conveyor.loader._Pool._probe
-
-    def counting(self: object, local: object, task: object) -> object:
-        probed.append(task.seq)  # type: ignore[attr-defined]
-        return probe(self, local, task)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(conveyor.loader._Pool, "_probe", counting)
     with DataLoader(Tiny(), batch_size=16, num_workers="auto", output="numpy") as loader:
         first = _all(loader)
         chosen = loader.tuning()
