@@ -9,6 +9,7 @@ other seeds and other epochs must give other streams.
 from __future__ import annotations
 
 import random
+import time
 from typing import Any
 
 import numpy as np
@@ -344,3 +345,28 @@ def test_probing_fetches_a_drawing_batch_once_unless_it_began_to_draw(start: int
     (want, none), (got, here) = runs
     same_epochs(want, got)
     assert none == 0 and here == fetched_here
+
+
+class Pausing(conveyor.Dataset):
+    """Draws, lets go of the GIL (as reading a file does), draws again."""
+
+    def __len__(self) -> int:
+        return 24
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        first = random.getrandbits(31)
+        time.sleep(0.002)
+        return torch.tensor([i, first, int(torch.randint(0, 2**31, ()).item()), int(np.random.randint(0, 2**31))])
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("fetch_threads", [1, 2])
+def test_thread_workers_keep_each_sample_stream_while_the_main_process_makes_batches(fetch_threads: int) -> None:
+    # the main process makes the first batches itself (adaptive) while thread workers start:
+    # its own seeded samples, and its saving and restoring of its RNGs, must not land between
+    # a worker's seeding of a sample and that sample's draws
+    ref = epochs(DataLoader(Pausing(), batch_size=3, seed=5))
+    got = epochs(DataLoader(Pausing(), batch_size=3, seed=5, num_workers=2, worker_type="thread",
+                            fetch_threads=fetch_threads))
+    same_epochs(ref[0], got[0])
+    same_epochs(ref[1], got[1])

@@ -37,7 +37,7 @@ from .executors.recovery import Recovery, WorkerDied
 from .executors.reorder import Reorder
 from .executors.task import Death, Result, Task
 from .executors.threads import ThreadExecutor
-from .executors.worker import Fetcher, WorkerSpec
+from .executors.worker import Fetcher, WorkerSpec, rng_lock
 from .samplers import BatchSampler, RandomSampler, Sampler, SequentialSampler
 from .stats import Stats
 from .tuning import IO_BOUND, MAX_THREADS, Tuner
@@ -858,7 +858,8 @@ class _Pool:
     def local_fetcher(self) -> Fetcher:
         """The main process's own fetcher (made on first use)."""
         if not self._locals:
-            fetcher = Fetcher(self.spec, None)
+            # thread workers share this process's RNGs: its seeded samples take the lock too
+            fetcher = Fetcher(self.spec, None, shared_rng=self.worker_type == "thread")
             fetcher.alloc = self.recycler
             self._locals.append(fetcher)
         return self._locals[0]
@@ -878,14 +879,18 @@ class _Pool:
         local = self.local_fetcher()
         if self.mode == "probe" and self.spec.seed is None:
             return self._probe(local, task)
-        restore = rng.RngState() if self.spec.seed is not None else None
+        restore = None
+        if self.spec.seed is not None:
+            with rng_lock:  # not while a thread worker is between seeding a sample and its draws
+                restore = rng.RngState()
         t0, fresh = time.perf_counter(), self.recycler.fresh_s
         try:
             local.schedule(task)
             result = local.run(task)
         finally:
             if restore is not None:
-                restore.restore()
+                with rng_lock:
+                    restore.restore()
         return self._timed(result, time.perf_counter() - t0 - (self.recycler.fresh_s - fresh))
 
     def _probe(self, local: Fetcher, task: Task) -> Result:

@@ -105,7 +105,9 @@ class WorkerSpec:
     rng_states: dict[int, Any] | None = None
 
 
-_rng_lock = threading.Lock()
+# held while a sample is seeded and fetched, and while the main process saves or restores its
+# RNGs, wherever threads of one process share the global RNGs (thread workers, fetch threads)
+rng_lock = threading.Lock()
 WORKER_NICE = int(os.environ.get("CONVEYOR_WORKER_NICE", "5"))
 
 
@@ -123,7 +125,7 @@ class Fetcher:
         self.has_getitems = hasattr(spec.dataset, "__getitems__") and not spec.iterable
         self.gather = getattr(spec.dataset, "gather", None) if spec.gather else None
         # threads of one process share the global RNGs: seeding must hold a lock
-        self.lock = _rng_lock if (shared_rng or spec.fetch_threads > 1) and spec.seed is not None else None
+        self.lock = rng_lock if (shared_rng or spec.fetch_threads > 1) and spec.seed is not None else None
         self.cpu_clock = cpu_clock or time.thread_time
         self.runs = 0
         self.pool: FetchPool | None = None
@@ -145,7 +147,7 @@ class Fetcher:
         self.pool = FetchPool(n) if n > 1 else None
         self.threads = n
         if self.spec.seed is not None and n > 1:
-            self.lock = _rng_lock
+            self.lock = rng_lock
         if old is not None:
             old.close(wait=False)  # its queued fetches still finish
 
