@@ -204,6 +204,24 @@ def test_break_and_iterate_again(workers: int) -> None:
     same_epochs(c3, t3)
 
 
+def test_main_process_epochs_share_one_pool_and_iterators_stay_independent() -> None:
+    # without workers every epoch reuses one pool (nothing to start or close); as with torch,
+    # two live iterators still walk the data independently, and a setting changed between
+    # epochs applies to the next
+    t = tud.DataLoader(Squares(), batch_size=3, shuffle=True, generator=gen(4))
+    c = conveyor.DataLoader(Squares(), batch_size=3, shuffle=True, generator=gen(4))
+    ta, ca = iter(t), iter(c)
+    tfirst, cfirst = [next(ta), next(ta)], [next(ca), next(ca)]
+    tb, cb = iter(t), iter(c)
+    assert cb.pool is ca.pool  # type: ignore[attr-defined]
+    same_epochs(list(cb), list(tb))
+    same_epochs(cfirst + list(ca), tfirst + list(ta))
+    c.collate_fn = t.collate_fn = lambda samples: len(samples)
+    assert list(c) == list(t) == [3] * 7 + [2]
+    assert iter(c).pool is not ca.pool  # type: ignore[attr-defined]
+    c.close()
+
+
 @pytest.mark.timeout(30)
 @pytest.mark.parametrize("worker_type", ["process", "thread"])
 def test_in_order_false_same_multiset(worker_type: str) -> None:

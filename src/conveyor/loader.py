@@ -255,6 +255,7 @@ class DataLoader(Generic[T]):
         self.restart_hung = restart_hung
         self._auto = auto if any(auto.values()) else None
         self._tuner: Any = None  # "auto"'s tuner: one for every epoch, as workers may not persist
+        self._inline: _Pool | None = None  # the main-process pool every epoch shares (_inline_pool)
 
         iterable = _is_iterable_dataset(dataset)
         if iterable and self._auto is not None:
@@ -343,8 +344,11 @@ class DataLoader(Generic[T]):
 
     # -- torch's guards -----------------------------------------------------
     def __setattr__(self, attr: str, val: Any) -> None:
-        if getattr(self, "_initialized", False) and attr in self._frozen:
-            raise ValueError(f"{attr} attribute should not be set after {type(self).__name__} is initialized")
+        if getattr(self, "_initialized", False):
+            if attr in self._frozen:
+                raise ValueError(f"{attr} attribute should not be set after {type(self).__name__} is initialized")
+            if not attr.startswith("_"):
+                self.__dict__["_inline"] = None  # the next epoch's pool sees the new setting
         super().__setattr__(attr, val)
 
     def _check_worker_count(self) -> None:
@@ -407,8 +411,9 @@ class DataLoader(Generic[T]):
             for run in list(self._runs):
                 run._abandon()
         else:
-            pool = _Pool(self, base_seed if base_seed is not None else self._draw_base_seed(epoch))
-        run = _Run(self, pool, epoch, skip, owns_pool=not (self.persistent_workers and self.num_workers > 0))
+            seed = base_seed if base_seed is not None else self._draw_base_seed(epoch)
+            pool = self._inline_pool(seed)
+        run = _Run(self, pool, epoch, skip, owns_pool=not persistent and pool is not self._inline)
         self._runs.add(run)
         self._last_ref = weakref.ref(run)
         self._last_pool = pool  # closed with its run; kept for stats()
@@ -416,6 +421,21 @@ class DataLoader(Generic[T]):
             run.pin = None  # the device thread pins (and copies) each batch
             return self._device_stage.wrap(run)
         return run
+
+    def _inline_pool(self, base_seed: int) -> _Pool:
+        """The pool of a run without workers. One made in the main process alone (no workers,
+        no "auto", no fetch threads, a map-style dataset) holds nothing to close and serves
+        every epoch: making it cost ~15 us an epoch, a real share of an epoch of in-memory
+        arrays. Setting any public attribute of the loader drops it (see ``__setattr__``)."""
+        shareable = (self.num_workers == 0 and self._auto is None and self.fetch_threads == 1
+                     and not self._iterable)
+        if not shareable:
+            return _Pool(self, base_seed)
+        pool = self._inline
+        if pool is None or pool.dead:
+            pool = self._inline = _Pool(self, base_seed)
+        pool.base_seed = base_seed  # torch draws one for every iterator; runs keep their own
+        return pool
 
     def _draw_base_seed(self, epoch: int) -> int:
         # torch draws the workers' base seed from loader.generator (or the global RNG) for
@@ -593,6 +613,9 @@ class DataLoader(Generic[T]):
         if self._persistent is not None:
             self._persistent.close()
             self._persistent = None
+        if self._inline is not None:
+            self._inline.close()
+            self._inline = None
         self._recycler.clear()
 
     def __enter__(self) -> DataLoader[T]:
@@ -1145,6 +1168,7 @@ class _Run(Generic[T]):
                 self.batches = itertools.islice(self.batches, skip, None)
         self.sampler_done = False
         self.first_seq = pool.seq
+        self.base_seed = pool.base_seed  # a shared main-process pool takes a new one each epoch
         pool.epoch_start = pool.seq
         self.reorder = Reorder(pool.seq, loader.in_order)
         self.inflight: dict[int, tuple[int, Task]] = {}
@@ -1484,7 +1508,7 @@ class _Run(Generic[T]):
     def where(self) -> dict[str, Any]:
         """This run's position, for the loader's state_dict."""
         return {"epoch": self.epoch, "batches": self.yielded, "finished": self.finished and self.exhausted,
-                "base_seed": self.pool.base_seed, "generator": self.generator_state}
+                "base_seed": self.base_seed, "generator": self.generator_state}
 
     def _finish(self) -> None:
         if self.finished:
