@@ -1242,10 +1242,11 @@ class _Run(Generic[T]):
                 if self.inflight or len(self.reorder):
                     break  # the workers hold the next batches: wait for them
         waited_since = time.monotonic()
+        polled = False  # this call has read the pipes already (and refilled)
         while True:
             r = self.reorder.pop()
             if r is not None:
-                if self.inflight and self.ex.kind != "inline":
+                if self.inflight and not polled and self.ex.kind != "inline":
                     # a batch was waiting here: collect what else is done, without blocking, and
                     # refill, so a worker never sits idle while its results sit in the pipe
                     self._absorb(self.ex.poll(0))
@@ -1261,6 +1262,7 @@ class _Run(Generic[T]):
             if self.loader.timeout > 0:
                 timeout = min(timeout, max(0.0, waited_since + self.loader.timeout - time.monotonic()))
             events = self.ex.poll(timeout)
+            polled = True
             if not events:
                 if self.loader.timeout > 0 and time.monotonic() - waited_since >= self.loader.timeout:
                     if not self._restart_hung():
