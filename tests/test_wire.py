@@ -156,3 +156,23 @@ def test_small_leaves_from_workers_match_the_main_process(output: str) -> None:
             else:
                 np.testing.assert_array_equal(np.asarray(a[k]), np.asarray(b[k]))
                 assert np.asarray(a[k]).dtype == np.asarray(b[k]).dtype
+
+
+class OneD(torch.utils.data.Dataset):  # type: ignore[type-arg]
+    """Large 1-D samples, unbatched: each a slot leaf decoded with torch.frombuffer."""
+
+    def __len__(self) -> int:
+        return 12
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        return torch.full((20000,), float(i))
+
+
+@pytest.mark.timeout(60)
+def test_one_dimensional_slot_leaves_stay_intact_while_held() -> None:
+    with conveyor.DataLoader(OneD(), batch_size=None, num_workers=2, adaptive=False) as loader:
+        held = list(loader)
+        again = list(loader)  # slots of batches still held must not be reused
+    for batches in (held, again):
+        assert [b.shape for b in batches] == [torch.Size([20000])] * 12
+        assert all(torch.equal(b, torch.full((20000,), float(i))) for i, b in enumerate(batches))
