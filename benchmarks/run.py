@@ -214,6 +214,21 @@ def machine(versions: dict[str, str]) -> dict[str, Any]:
             "versions": versions, "commit": commit, "date": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
 
 
+def steady_malloc() -> None:
+    """Keep glibc from handing freed memory back to the kernel in this process (a child):
+    a batch allocated by a collate_fn that calls torch.stack itself otherwise faults its pages
+    in again after some frees and not others, and such runs split in two for every loader
+    (detection: torch0 0.058 or 0.111 s, conveyor0 0.053 or 0.148 s)."""
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL(None)
+        libc.mallopt(-1, 256 << 20)  # M_TRIM_THRESHOLD
+        libc.mallopt(-3, 32 << 20)  # M_MMAP_THRESHOLD
+    except (OSError, AttributeError):  # not glibc: nothing to set
+        pass
+
+
 def spawn(args: list[str], timeout: float) -> dict[str, Any]:
     """Run ``run.py ARGS`` in a fresh interpreter and parse its result line."""
     env = dict(os.environ)
@@ -383,7 +398,8 @@ def markdown(report: dict[str, Any]) -> str:
            "other jobs on the machine share these cores",
            f"- python {m['python']}, " + ", ".join(f"{k} {val}" for k, val in v.items()),
            f"- commit {m['commit']}, {m['date']}; repeats {report['repeats']} (median), "
-           f"quick={report['quick']}; each run in a fresh {report['fresh']}, loaders alternated per repeat",
+           f"quick={report['quick']}; each run in a fresh {report['fresh']}, loaders alternated per repeat"
+           + ("; glibc kept from trimming freed memory (--steady-malloc)" if report.get("steady_malloc") else ""),
            "- speed-up = torch's median time / the loader's median time (higher is better), "
            "torch2 = DataLoader(num_workers=2, persistent_workers=True), torch0 = num_workers=0", ""]
     if report["unavailable"]:
@@ -443,6 +459,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--profile", action="store_true", help="cProfile each child's timed region into --out")
     p.add_argument("--timeout", type=float, default=None, help="seconds per child run")
     p.add_argument("--exec", action="store_true", help="a new interpreter per run instead of a fork")
+    p.add_argument("--steady-malloc", action="store_true",
+                   help="every child keeps freed memory from the kernel (glibc trim threshold 256 MB, "
+                   "mmap threshold 32 MB), so batches do not fault their pages in again at random")
     p.add_argument("--child", nargs=2, metavar=("SCENARIO", "LOADER"), help=argparse.SUPPRESS)
     p.add_argument("--probe", action="store_true", help=argparse.SUPPRESS)
     a = p.parse_args(argv)
@@ -453,6 +472,8 @@ def main(argv: list[str] | None = None) -> int:
         print(MARK + json.dumps(probe()), flush=True)
         return 0
     if a.child:
+        if a.steady_malloc:
+            steady_malloc()
         try:
             result = child(a.child[0], a.child[1], a.quick, str(out_dir) if a.profile else None)
         except BaseException as e:
@@ -477,6 +498,7 @@ def main(argv: list[str] | None = None) -> int:
     unavailable = info.get("unavailable", {})
     report: dict[str, Any] = {"name": name, "quick": a.quick, "repeats": repeats,
                               "fresh": "interpreter (--exec)" if a.exec else "forked process",
+                              "steady_malloc": a.steady_malloc,
                               "machine": machine(info.get("versions", {})), "unavailable": unavailable,
                               "scenarios": {}}
     started = time.perf_counter()
@@ -494,7 +516,8 @@ def main(argv: list[str] | None = None) -> int:
             for ln in chosen:
                 if runs[ln] and runs[ln][-1]["status"] != "ok":
                     continue  # skipped or failed once: do not retry
-                args = ["--child", sname, ln, "--out", str(out_dir)] + ["--quick"] * a.quick + ["--profile"] * a.profile
+                args = (["--child", sname, ln, "--out", str(out_dir)] + ["--quick"] * a.quick
+                        + ["--profile"] * a.profile + ["--steady-malloc"] * a.steady_malloc)
                 r = spawn(args, timeout) if a.exec else fork_child(args, timeout)
                 runs[ln].append(r)
                 shown = f"{r['seconds']:.3f} s" if r["status"] == "ok" else f"{r['status']}: {r.get('note', '')}"
