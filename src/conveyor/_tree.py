@@ -6,12 +6,8 @@ stage, so every stage agrees on what a container is.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from typing import Any
-
-
-def is_namedtuple(obj: object) -> bool:
-    return isinstance(obj, tuple) and hasattr(obj, "_fields")
 
 
 _LEAF, _MAPPING, _NAMEDTUPLE, _TUPLE, _LIST = range(5)
@@ -69,7 +65,3 @@ def leaves(tree: Any) -> list[Any]:
     out: list[Any] = []
     tree_map(out.append, tree)
     return out
-
-
-def is_sequence(obj: object) -> bool:
-    return isinstance(obj, Sequence) and not isinstance(obj, (str, bytes))

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from .._tree import tree_map
+from ..collate import _dtype_tables
 from .slots import Views, Writer
 
 __all__ = ["Leaf", "Packed", "encode", "decode", "INLINE_BYTES"]
@@ -140,6 +141,8 @@ def decode(packed: Packed, views: Views, *, output: str) -> Any:
     if packed.blob is not None:
         roots[-1] = packed.blob
     torch = sys.modules.get("torch") if output == "torch" else None
+    # numpy dtype string (native order) -> torch dtype: collate's table, built once
+    torch_dtypes = _dtype_tables(torch)[1] if torch is not None else {}
 
     def leaf(obj: Any) -> Any:
         if type(obj) is not Leaf:
@@ -147,7 +150,7 @@ def decode(packed: Packed, views: Views, *, output: str) -> Any:
         buf, shape = roots[obj.slot], obj.shape
         if torch is not None and obj.tensor:
             if len(shape) == 1 and shape[0]:
-                tdtype = _torch_dtype(obj.dtype)
+                tdtype = torch_dtypes.get(obj.dtype)
                 if tdtype is not None:
                     return torch.frombuffer(buf, dtype=tdtype, count=shape[0], offset=obj.offset)
             return torch.from_numpy(np.ndarray(shape, _np_dtype(obj.dtype), buffer=buf, offset=obj.offset))
@@ -157,7 +160,6 @@ def decode(packed: Packed, views: Views, *, output: str) -> Any:
 
 
 _np_dtypes: dict[str, np.dtype] = {}
-_torch_dtypes: dict[str, Any] = {}
 
 
 def _np_dtype(name: str) -> np.dtype:
@@ -165,20 +167,6 @@ def _np_dtype(name: str) -> np.dtype:
     if dtype is None:
         dtype = _np_dtypes[name] = np.dtype(name)
     return dtype
-
-
-def _torch_dtype(name: str) -> Any:
-    """The torch dtype of a native-order numpy dtype string, or None (the numpy path decides)."""
-    try:
-        return _torch_dtypes[name]
-    except KeyError:
-        pass
-    from ..collate import numpy_dtype_to_torch
-
-    dtype = _np_dtype(name)
-    found = numpy_dtype_to_torch(dtype) if dtype.isnative else None
-    _torch_dtypes[name] = found
-    return found
 
 
 def to_numpy(batch: Any) -> Any:
