@@ -370,3 +370,17 @@ def test_thread_workers_keep_each_sample_stream_while_the_main_process_makes_bat
                             fetch_threads=fetch_threads))
     same_epochs(ref[0], got[0])
     same_epochs(ref[1], got[1])
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("kw", [{}, {"num_workers": 2}, {"num_workers": 2, "worker_type": "thread"}],
+                         ids=["main", "processes", "threads"])
+def test_two_live_iterators_keep_the_epochs_they_were_made_for(kw: dict[str, Any]) -> None:
+    # the second iter() must not change the order of the first, made for the epoch before
+    seq = epochs(DataLoader(Noisy(16), **BASE, seed=11, **kw), 2)
+    loader = DataLoader(Noisy(16), **BASE, seed=11, **kw)
+    with loader:
+        a, b = iter(loader), iter(loader)
+        got_a, got_b = [x.clone() for x in a], [x.clone() for x in b]
+    assert all(torch.equal(x, y) for x, y in zip(got_a, seq[0], strict=True))
+    assert all(torch.equal(x, y) for x, y in zip(got_b, seq[1], strict=True))

@@ -204,6 +204,42 @@ def test_break_and_iterate_again(workers: int) -> None:
     same_epochs(c3, t3)
 
 
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("use_gen", [False, True])
+def test_order_is_drawn_when_torch_draws_it(workers: int, use_gen: bool) -> None:
+    # torch's iterator with workers takes its first batches of indices (drawing the order)
+    # when made, without workers at the first next(): a draw in between (a model's
+    # initialisation) must move both loaders' orders alike
+    out = []
+    for cls in (tud.DataLoader, conveyor.DataLoader):
+        torch.manual_seed(0)
+        kw: dict[str, Any] = {"generator": gen(3)} if use_gen else {}
+        loader = cls(Squares(), batch_size=3, shuffle=True, num_workers=workers, **kw)
+        it = iter(loader)
+        torch.randn(3)
+        out.append(list(it))
+        if hasattr(loader, "close"):
+            loader.close()
+    same_epochs(out[1], out[0])
+
+
+@pytest.mark.timeout(30)
+def test_two_iterators_sharing_a_generator_draw_as_torchs_do() -> None:
+    # each iterator draws its seed and its first batches' order from the shared generator as
+    # it is made; an epoch of 3 batches ends inside torch's prefetch, which draws the
+    # sampler's closing permutation too
+    out = []
+    for cls in (tud.DataLoader, conveyor.DataLoader):
+        loader = cls(Squares(12), batch_size=4, shuffle=True, num_workers=2, generator=gen(3))
+        a, b = iter(loader), iter(loader)
+        out.append((list(a), list(b)))
+        if hasattr(loader, "close"):
+            loader.close()
+    same_epochs(out[1][0], out[0][0])
+    same_epochs(out[1][1], out[0][1])
+
+
 def test_main_process_epochs_share_one_pool_and_iterators_stay_independent() -> None:
     # without workers every epoch reuses one pool (nothing to start or close); as with torch,
     # two live iterators still walk the data independently, and a setting changed between
@@ -285,6 +321,7 @@ BAD: dict[str, Callable[[], dict[str, Any]]] = {
     "negative_workers": lambda: {"dataset": Squares(), "num_workers": -1},
     "negative_timeout": lambda: {"dataset": Squares(), "timeout": -1},
     "prefetch_without_workers": lambda: {"dataset": Squares(), "prefetch_factor": 2},
+    "negative_prefetch": lambda: {"dataset": Squares(), "num_workers": 1, "prefetch_factor": -1},
     "persistent_without_workers": lambda: {"dataset": Squares(), "persistent_workers": True},
     "bad_context_string": lambda: {"dataset": Squares(), "num_workers": 1, "multiprocessing_context": "nope"},
     "bad_context_object": lambda: {"dataset": Squares(), "num_workers": 1, "multiprocessing_context": _dead_ctx()},

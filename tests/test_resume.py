@@ -363,3 +363,34 @@ def test_shuffle_flag_with_sequential_sampler_defaults(shuffle: bool) -> None:
     ref = run_epochs(DataLoader(Noisy(11), batch_size=3, shuffle=shuffle, seed=1))
     got = interrupted(loader, DataLoader(Noisy(11), batch_size=3, shuffle=shuffle, seed=1), 2)
     assert got == expected_after(ref, 2)
+
+
+# --------------------------------------------------------------------------- iterators not yet begun
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("kind", ["shuffle-generator", "weighted-generator", "shuffle-seed"])
+@pytest.mark.parametrize("workers", [0, 2])
+def test_state_of_an_iterator_not_yet_advanced_names_its_epoch(kind: str, workers: int) -> None:
+    # after a whole epoch, iter() makes the next one's iterator; saved before its first batch,
+    # the state resumes that epoch (not a repeat of the one that ended)
+    ref = run_epochs(make(kind, num_workers=workers))
+    first = make(kind, num_workers=workers)
+    with first:
+        assert [b.tolist() for b in first] == ref[0]
+        it = iter(first)
+        state = json.loads(json.dumps(first.state_dict()))
+        assert (state["epoch"], state["batches"]) == (1, 0)
+        del it
+    second = make(kind, num_workers=workers)
+    with second:
+        second.load_state_dict(state)
+        assert [[b.tolist() for b in second] for _ in range(EPOCHS - 1)] == ref[1:]
+
+
+def test_prefetch_factor_zero_is_refused() -> None:
+    # torch accepts it and then fails an assertion when iterated
+    with pytest.raises(ValueError, match="prefetch_factor"):
+        DataLoader(list(range(4)), num_workers=1, prefetch_factor=0)
+    with pytest.raises(TypeError, match="prefetch_factor"):
+        DataLoader(list(range(4)), num_workers=1, prefetch_factor=2.0)

@@ -251,16 +251,19 @@ def test_state_roundtrip(name: str, make: Any, done_epochs: int, consumed: int) 
         torch.manual_seed(0)
     s = make(1)
     started = [list(s) for _ in range(done_epochs)]
-    it = iter(s)  # lazy: nothing is drawn before the first item
+    # torch mode is lazy: nothing is drawn before the first item, and until then the state is
+    # that of a fresh start; seed mode takes its epoch when the iterator is made
+    it = iter(s)
     head = list(itertools.islice(it, consumed))
     state = _json(s.state_dict())
     assert state["version"] == 1 and state["class"] == type(s).__name__
     saved_global = torch.get_rng_state() if torch is not None else None
-    if consumed:
+    begun = bool(consumed) or getattr(s, "seed", None) is not None
+    if begun:
         started.append(head + list(it))
     after = [list(s), list(s)]
-    # the state names the most recently started iteration, else the one that would start next
-    expected, following = (started[-1], after) if started else (after[0], after[1:])
+    # the state names the iteration under way, else the one that would start next
+    expected, following = (started[-1], after) if begun else (after[0], after[1:])
 
     if torch is not None:
         torch.manual_seed(999)  # disturb the global RNG; the checkpoint must not depend on it here

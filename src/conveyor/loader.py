@@ -212,8 +212,12 @@ class DataLoader(Generic[T]):
                              "let num_workers > 0 to enable multiprocessing, otherwise set prefetch_factor to None.")
         if num_workers > 0 and prefetch_factor is None:
             prefetch_factor = 2
-        elif prefetch_factor is not None and prefetch_factor < 0:
-            raise ValueError("prefetch_factor option should be non-negative")
+        elif prefetch_factor is not None:
+            if not isinstance(prefetch_factor, int) or isinstance(prefetch_factor, bool):
+                raise TypeError(f"prefetch_factor option should be an int, but got prefetch_factor={prefetch_factor!r}")
+            if prefetch_factor <= 0:
+                # torch accepts 0 here and then fails an assertion when iterated
+                raise ValueError(f"prefetch_factor option should be positive, but got prefetch_factor={prefetch_factor}")
         if persistent_workers and num_workers == 0:
             raise ValueError("persistent_workers option needs num_workers > 0")
         if worker_type not in ("process", "thread"):
@@ -672,6 +676,16 @@ class _Slices:
         if type(bs) is not BatchSampler or not callable(getattr(bs.sampler, "order", None)):
             return None
         return cls(bs, skip)
+
+    def begin(self, prime: bool) -> None:
+        """Draw the order now when ``prime`` or when the sampler takes its epoch when iterated
+        (seed mode); else it is drawn at the first batch, and the sampler's state meanwhile is a
+        fresh start's."""
+        sampler = self.batch_sampler.sampler
+        if prime or getattr(sampler, "_torch_mode", True) is False:
+            self._load()
+        elif callable(getattr(sampler, "_will_start", None)):
+            sampler._will_start()
 
     def _load(self) -> None:
         self.order = self.batch_sampler.sampler.order()
@@ -1160,12 +1174,23 @@ class _Run(Generic[T]):
         self.generator_state = gen.get_state() if _torch.is_generator(gen) else None
         self.slices = _Slices.of(loader, skip) if pool.spec.gather else None
         self.ready: collections.deque[Any] = collections.deque()  # batches of one bulk gather
+        # torch's iterator with workers takes its first prefetch_factor * num_workers batches of
+        # indices when it is made (drawing the order then, and from a shared generator before
+        # the next iterator's seed); without workers it waits for the first next(). Seed-mode
+        # samplers take their epoch when iterated, so a second live iterator cannot change it.
+        ahead = 0
+        if not loader._iterable and loader.num_workers > 0:
+            ahead = loader.num_workers * (loader.prefetch_factor or 2)
         if self.slices is not None:
             self.batches: Iterator[Any] = self.slices
+            self.slices.begin(ahead > 0)
         else:
             self.batches = iter(loader._index_sampler)
             if skip:
                 self.batches = itertools.islice(self.batches, skip, None)
+            if ahead:
+                head = list(itertools.islice(self.batches, ahead))
+                self.batches = itertools.chain(head, self.batches)
         self.sampler_done = False
         self.first_seq = pool.seq
         self.base_seed = pool.base_seed  # a shared main-process pool takes a new one each epoch

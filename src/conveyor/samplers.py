@@ -198,10 +198,28 @@ class _Random(Sampler[int]):
         self._current: int | None = None  # seed mode: epoch of the running iteration
         self._mark: dict[str, Any] | None = None  # torch mode: how the last iteration began
         self._replay: dict[str, Any] | None = None  # torch mode: loaded, used by the next iteration
+        self._pending = False  # torch mode: an iteration was asked for and has not drawn yet
 
     @property
     def _torch_mode(self) -> bool:
         return self.seed is None
+
+    def __iter__(self) -> Iterator[int]:
+        # Seed mode takes its epoch now: each iterator keeps the epoch it was made for, even
+        # when another one is made before its first item. Torch mode draws at the first item,
+        # as torch's samplers do; until then the state describes a fresh start.
+        if self._torch_mode:
+            self._pending = True
+            return self._iter(None)
+        return self._iter(self._numpy_start())
+
+    def _iter(self, rng: np.random.Generator | None) -> Iterator[int]:
+        raise NotImplementedError
+
+    def _will_start(self) -> None:
+        """An iteration (or ``order()``) is coming: until it draws, the state is a fresh start's."""
+        if self._torch_mode:
+            self._pending = True
 
     def set_epoch(self, epoch: int) -> None:
         """Select the epoch of the next iteration (seed mode; no-op in torch mode).
@@ -226,6 +244,7 @@ class _Random(Sampler[int]):
         """The torch generator for a new iteration (None: the global RNG), recording how it began."""
         torch = _torch.get()
         assert torch is not None
+        self._pending = False
         replay, self._replay = self._replay, None
         if self.generator is not None:
             if replay is not None:
@@ -251,7 +270,7 @@ class _Random(Sampler[int]):
         if not self._torch_mode:
             epoch = self._current if self._current is not None else self._epoch
             return {"mode": "seed", "seed": self.seed, "epoch": epoch}
-        mark = self._replay or self._mark
+        mark = self._replay or (None if self._pending else self._mark)
         if self.generator is not None:
             data = mark["generator"] if mark else _gen_state(self.generator)
             return {"mode": "torch", "generator": _b64(data)}
@@ -283,6 +302,7 @@ class _Random(Sampler[int]):
             data = state["global_state"]
             self._replay = None if data is None else {"global_state": _unb64(data)}
         self._mark = None
+        self._pending = False
 
     def _torch_seed_for_numpy(self, gen: Any) -> np.random.Generator:
         """A numpy RNG seeded by one draw from a torch generator (None: global RNG)."""
@@ -335,10 +355,10 @@ class RandomSampler(_Random):
     def __len__(self) -> int:
         return self.num_samples
 
-    def __iter__(self) -> Iterator[int]:
+    def _iter(self, rng: np.random.Generator | None) -> Iterator[int]:
         n = len(self.data_source)
         count = self.num_samples
-        if self._torch_mode:
+        if rng is None:
             torch = _torch.get()
             assert torch is not None
             gen = self._torch_start()
@@ -352,7 +372,6 @@ class RandomSampler(_Random):
                     yield from torch.randperm(n, generator=gen).tolist()
                 yield from torch.randperm(n, generator=gen).tolist()[: count % n]
             return
-        rng = self._numpy_start()
         if self.replacement:
             for start in range(0, count, NP_CHUNK):
                 yield from rng.integers(0, n, size=min(NP_CHUNK, count - start)).tolist()
@@ -428,14 +447,14 @@ class SubsetRandomSampler(_Random):
     def __len__(self) -> int:
         return len(self.indices)
 
-    def __iter__(self) -> Iterator[int]:
+    def _iter(self, rng: np.random.Generator | None) -> Iterator[int]:
         n = len(self.indices)
-        if self._torch_mode:
+        if rng is None:
             torch = _torch.get()
             assert torch is not None
             order = torch.randperm(n, generator=self._torch_start()).tolist()
         else:
-            order = self._numpy_start().permutation(n).tolist()
+            order = rng.permutation(n).tolist()
         yield from map(self.indices.__getitem__, order)
 
     def state_dict(self) -> dict[str, Any]:
@@ -510,8 +529,8 @@ class WeightedRandomSampler(_Random):
     def __len__(self) -> int:
         return self.num_samples
 
-    def __iter__(self) -> Iterator[int]:
-        if self._torch_mode:
+    def _iter(self, rng: np.random.Generator | None) -> Iterator[int]:
+        if rng is None:
             torch = _torch.get()
             assert torch is not None
             gen = self._torch_start()
@@ -520,8 +539,6 @@ class WeightedRandomSampler(_Random):
                 yield from drawn.tolist()
                 return
             rng = self._torch_seed_for_numpy(gen)
-        else:
-            rng = self._numpy_start()
         yield from self._draw(rng).tolist()
 
     def _draw(self, rng: np.random.Generator) -> np.ndarray:
@@ -596,7 +613,11 @@ class BatchSampler(Sampler[list[int]]):
         self.drop_last = drop_last
 
     def __iter__(self) -> Iterator[list[int]]:
-        items = iter(self.sampler)
+        # the sampler's iterator is made now, not at the first batch: a sampler that takes
+        # its epoch when iterated (seed mode) keeps the one this iterator was made for
+        return self._batches(iter(self.sampler))
+
+    def _batches(self, items: Iterator[int]) -> Iterator[list[int]]:
         size = self.batch_size
         if self.drop_last:
             # zip over one iterator repeated: full tuples only, no per-item Python work
