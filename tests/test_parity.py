@@ -298,10 +298,33 @@ def test_iterable_drop_last_two_epochs() -> None:
 
 
 @pytest.mark.timeout(30)
-def test_iterable_threads_sharded_with_conveyor_info() -> None:
+@pytest.mark.parametrize("shard", ["conveyor", "torch"])
+def test_iterable_threads_sharded_with_either_info(shard: str) -> None:
+    # torch keeps one worker info per process: conveyor answers torch's function per thread
     t = list(tud.DataLoader(Stream(11, "torch"), batch_size=2, num_workers=2))
-    with conveyor.DataLoader(Stream(11, "conveyor"), batch_size=2, num_workers=2, worker_type="thread") as c:
+    with conveyor.DataLoader(Stream(11, shard), batch_size=2, num_workers=2, worker_type="thread") as c:
         same_epochs(epochs(c)[0], t)
+    assert tud.get_worker_info() is None  # outside a worker, torch's own answer
+
+
+class WhoFetches(tud.Dataset):
+    """The id of the worker fetching each index, as conveyor's and torch's info tell it."""
+
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        mine, theirs = conveyor.get_worker_info(), tud.get_worker_info()
+        return torch.tensor([-1 if mine is None else mine.id, -1 if theirs is None else theirs.id])
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("worker_type", ["process", "thread"])
+def test_fetch_threads_know_their_worker(worker_type: str) -> None:
+    with conveyor.DataLoader(WhoFetches(), batch_size=4, num_workers=2, fetch_threads=2, adaptive=False,
+                             worker_type=worker_type) as c:
+        got = [b.tolist() for b in c]
+    assert got == [[[0, 0]] * 4, [[1, 1]] * 4]
 
 
 # --------------------------------------------------------------------------- errors

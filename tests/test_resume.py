@@ -8,6 +8,7 @@ NEW loader (possibly with another worker count, type or prefetch) loads it.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -15,6 +16,7 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from helpers import Stream
 from test_determinism import Noisy
 
 from conveyor import (
@@ -394,3 +396,65 @@ def test_prefetch_factor_zero_is_refused() -> None:
         DataLoader(list(range(4)), num_workers=1, prefetch_factor=0)
     with pytest.raises(TypeError, match="prefetch_factor"):
         DataLoader(list(range(4)), num_workers=1, prefetch_factor=2.0)
+
+
+# --------------------------------------------------------------------------- out of order, streams
+
+
+class SlowAt(torch.utils.data.Dataset):
+    """``i`` per index; the indices in ``slow`` take 0.2 s (their batch arrives late)."""
+
+    def __init__(self, n: int, slow: set[int]) -> None:
+        self.n, self.slow = n, slow
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> int:
+        time.sleep(0.2 if i in self.slow else 0.002)
+        return i
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("resume_in_order", [False, True])
+def test_resume_after_batches_handed_out_of_order(resume_in_order: bool) -> None:
+    # with in_order=False the user may have received batches 0, 1, 3 and 5 while 2 is still
+    # being made: the state must name those, and the resumed epoch give exactly the others
+    def make_loader(in_order: bool) -> DataLoader[Any]:
+        return DataLoader(SlowAt(24, {4, 5}), batch_size=2, num_workers=2, in_order=in_order,
+                          adaptive=False, seed=1)
+
+    first = make_loader(False)
+    with first:
+        it = iter(first)
+        got = [next(it).tolist() for _ in range(4)]
+        state = json.loads(json.dumps(first.state_dict()))
+    assert [4, 5] not in got and state["batches"] <= 2 and state.get("done"), (got, state)
+    second = make_loader(resume_in_order)
+    with second:
+        second.load_state_dict(state)
+        rest = [b.tolist() for b in second]
+        assert sorted(b.tolist() for b in second) == [[2 * i, 2 * i + 1] for i in range(12)]  # next: whole
+    assert sorted(got + rest) == [[2 * i, 2 * i + 1] for i in range(12)]
+    if resume_in_order:
+        assert rest == sorted(rest)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("workers", [0, 2])
+def test_resume_a_stream_mid_epoch(workers: int) -> None:
+    # a stream cannot seek: the resumed epoch makes the first batches again and drops them
+    def make_loader() -> DataLoader[Any]:
+        return DataLoader(Stream(11, "torch"), batch_size=2, num_workers=workers)
+
+    ref = run_epochs(make_loader(), 2)
+    first = make_loader()
+    with first:
+        it = iter(first)
+        head = [next(it).tolist() for _ in range(3)]
+        state = json.loads(json.dumps(first.state_dict()))
+    assert head == ref[0][:3]
+    second = make_loader()
+    with second:
+        second.load_state_dict(state)
+        assert [[b.tolist() for b in second] for _ in range(2)] == [ref[0][3:], ref[1]]

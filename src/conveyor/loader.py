@@ -389,11 +389,12 @@ class DataLoader(Generic[T]):
     def __iter__(self) -> Iterator[T]:
         if self._closed:
             raise RuntimeError("this DataLoader is closed")
-        epoch, skip, base_seed = self._epoch, 0, None
+        epoch, skip, base_seed, done = self._epoch, 0, None, []
         persistent = self.persistent_workers and self.num_workers > 0
         if self._resume is not None:
             resume, self._resume = self._resume, None
             epoch, skip, base_seed = resume["epoch"], resume["batches"], resume.get("base_seed")
+            done = resume.get("done") or []
             if resume["finished"]:
                 # the saved epoch had ended: replay its draws (no fetching) and go on to the next
                 if self._own_sampler and self.seed is not None and hasattr(self.sampler, "set_epoch"):
@@ -401,7 +402,7 @@ class DataLoader(Generic[T]):
                 if not self._iterable and resume["replay"]:
                     for _ in self._index_sampler:
                         pass
-                epoch, skip = epoch + 1, 0
+                epoch, skip, done = epoch + 1, 0, []
                 if not persistent:
                     base_seed = None  # torch draws a new one for every iterator
         self._epoch = epoch + 1
@@ -417,7 +418,7 @@ class DataLoader(Generic[T]):
         else:
             seed = base_seed if base_seed is not None else self._draw_base_seed(epoch)
             pool = self._inline_pool(seed)
-        run = _Run(self, pool, epoch, skip, owns_pool=not persistent and pool is not self._inline)
+        run = _Run(self, pool, epoch, skip, owns_pool=not persistent and pool is not self._inline, done=done)
         self._runs.add(run)
         self._last_ref = weakref.ref(run)
         self._last_pool = pool  # closed with its run; kept for stats()
@@ -545,6 +546,8 @@ class DataLoader(Generic[T]):
                 state.update(epoch=where["epoch"] + 1, batches=0, replay=True)
             else:
                 state.update(epoch=where["epoch"], batches=where["batches"], replay=False)
+                if where.get("done"):
+                    state["done"] = where["done"]
             state.update(base_seed=where["base_seed"], sampler=self._sampler_state())
             gstate = where["generator"]
         if gstate is not None:
@@ -595,9 +598,12 @@ class DataLoader(Generic[T]):
             raw = base64.b64decode(state["generator"])
             gen.set_state(torch.frombuffer(bytearray(raw), dtype=torch.uint8))
         replay = bool(state.get("replay"))
+        done = state.get("done") or []
+        if not isinstance(done, list) or not all(isinstance(p, int) and p > int(state["batches"]) for p in done):
+            raise ValueError(f"state['done'] should list batch positions after state['batches'], got {done!r:.200}")
         self._resume = {"epoch": int(state["epoch"]) - replay, "batches": int(state["batches"]),
                         "base_seed": state.get("base_seed"), "finished": replay,
-                        "replay": sampler_state is not None}
+                        "replay": sampler_state is not None, "done": done}
         self._loaded = dict(state)
         self._epoch = int(state["epoch"])
 
@@ -1161,7 +1167,8 @@ def _close_all(holder: list[Any], fetchers: list[Fetcher]) -> None:
 class _Run(Generic[T]):
     """One pass over the data: what ``iter(loader)`` returns."""
 
-    def __init__(self, loader: DataLoader[T], pool: _Pool, epoch: int, skip: int, *, owns_pool: bool) -> None:
+    def __init__(self, loader: DataLoader[T], pool: _Pool, epoch: int, skip: int, *, owns_pool: bool,
+                 done: Iterable[int] = ()) -> None:
         self.loader = loader
         self.pool = pool
         self.epoch = epoch
@@ -1172,7 +1179,19 @@ class _Run(Generic[T]):
         self.stats = loader._stats
         gen = loader.generator
         self.generator_state = gen.get_state() if _torch.is_generator(gen) else None
-        self.slices = _Slices.of(loader, skip) if pool.spec.gather else None
+        # Positions (batch numbers in the epoch) the user has received: all below ``prefix``,
+        # and ``ahead`` beyond it. Tracked when batches may arrive out of order, or when a
+        # resumed epoch must leave out batches an out-of-order run had already handed out.
+        self.ahead: set[int] = {p for p in done if p > skip}
+        self.prefix = self.prefix_base = skip
+        self.track = not loader.in_order or bool(self.ahead)
+        self.positions: list[int] | None = None  # position of each batch of this run, when some are left out
+        self.out_seq = -1  # seq of the batch being handed out (read when tracking)
+        self.bulk_seq = 0  # seq of the next batch in ``ready``
+        # A stream cannot seek: resuming an iterable dataset mid-epoch makes the batches the
+        # user had received again and drops them (exact when the stream is deterministic)
+        self.discard = skip if loader._iterable else 0
+        self.slices = _Slices.of(loader, skip) if pool.spec.gather and not self.ahead else None
         self.ready: collections.deque[Any] = collections.deque()  # batches of one bulk gather
         # torch's iterator with workers takes its first prefetch_factor * num_workers batches of
         # indices when it is made (drawing the order then, and from a shared generator before
@@ -1186,7 +1205,10 @@ class _Run(Generic[T]):
             self.slices.begin(ahead > 0)
         else:
             self.batches = iter(loader._index_sampler)
-            if skip:
+            if self.ahead:
+                self.positions = []
+                self.batches = self._leave_out(self.batches, skip, self.ahead, self.positions)
+            elif skip and not loader._iterable:
                 self.batches = itertools.islice(self.batches, skip, None)
             if ahead:
                 head = list(itertools.islice(self.batches, ahead))
@@ -1205,6 +1227,27 @@ class _Run(Generic[T]):
         self.pin = loader._slot_pinner
         self.to_numpy = loader.output == "numpy" and not loader._default_collate
 
+    @staticmethod
+    def _leave_out(batches: Iterator[Any], skip: int, done: set[int], positions: list[int]) -> Iterator[Any]:
+        """The batches from ``skip`` on but those at ``done``, noting each one's position."""
+        for p, b in enumerate(batches):
+            if p >= skip and p not in done:
+                positions.append(p)
+                yield b
+
+    def _handed(self, seq: int) -> None:
+        """The batch of ``seq`` reached the user: advance the position the state will name."""
+        k = seq - self.first_seq
+        pos = self.positions[k] if self.positions is not None else self.prefix_base + k
+        if pos != self.prefix:
+            self.ahead.add(pos)
+            return
+        self.prefix += 1
+        ahead = self.ahead
+        while self.prefix in ahead:
+            ahead.discard(self.prefix)
+            self.prefix += 1
+
     # -- iterator protocol --------------------------------------------------
     def __iter__(self) -> _Run[T]:
         return self
@@ -1214,7 +1257,7 @@ class _Run(Generic[T]):
 
     def __next__(self) -> T:
         ready = self.ready
-        if ready and self.pin is None:
+        if ready and self.pin is None and not self.track:
             # batches already gathered in bulk: hand one out with the least bookkeeping
             batch, size = ready.popleft()
             self.yielded += 1
@@ -1224,10 +1267,15 @@ class _Run(Generic[T]):
             raise StopIteration
         asked = time.perf_counter()
         try:
+            while self.discard:
+                self._next()  # made again and dropped (see ``discard``)
+                self.discard -= 1
             batch, size = self._next()
         except StopIteration:
             self._finish()
             raise
+        if self.track:
+            self._handed(self.out_seq)
         self.yielded += 1
         self.stats.handed(asked, time.perf_counter(), size, len(self.reorder))
         if self.pool.tuner is not None and self.yielded % 8 == 0 and self.pool.tuning():
@@ -1315,6 +1363,7 @@ class _Run(Generic[T]):
         """A batch made in the main process, without the task envelope (the common, cheap case)."""
         pool = self.pool
         indices = next(self.batches)  # StopIteration ends the epoch
+        self.out_seq = pool.seq
         pool.seq += 1
         self.reorder.next = pool.seq
         fetcher = pool.local_fetcher()
@@ -1357,8 +1406,11 @@ class _Run(Generic[T]):
             sizes = [size] * count
             sizes[-1] = len(indices) - size * (count - 1)
             self.ready.extend(zip(map(list, zip(*parts)), sizes))
+            self.bulk_seq = self.pool.seq
             self.pool.seq += count
             self.reorder.next = self.pool.seq
+        self.out_seq = self.bulk_seq
+        self.bulk_seq += 1
         if self.pin is not None:
             batch, n = self.ready.popleft()
             return self.pin(batch), n
@@ -1366,6 +1418,7 @@ class _Run(Generic[T]):
 
     def _take(self, r: Result) -> tuple[Any, int] | None:
         """The user's batch from a result, or None when there is nothing to hand out."""
+        self.out_seq = r.seq
         if r.start:
             self.stats.result(r.worker, r.start, r.fetched, r.end, cpu=r.cpu, nbytes=r.nbytes, rss=r.rss)
         if r.exhausted:
@@ -1534,8 +1587,12 @@ class _Run(Generic[T]):
     # -- endings ------------------------------------------------------------
     def where(self) -> dict[str, Any]:
         """This run's position, for the loader's state_dict."""
-        return {"epoch": self.epoch, "batches": self.yielded, "finished": self.finished and self.exhausted,
-                "base_seed": self.base_seed, "generator": self.generator_state}
+        where = {"epoch": self.epoch, "batches": self.prefix if self.track else self.yielded,
+                 "finished": self.finished and self.exhausted, "base_seed": self.base_seed,
+                 "generator": self.generator_state}
+        if self.track and self.ahead:
+            where["done"] = sorted(self.ahead)  # received out of order, beyond ``batches``
+        return where
 
     def _finish(self) -> None:
         if self.finished:

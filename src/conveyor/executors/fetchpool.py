@@ -75,15 +75,18 @@ class FetchPool:
     >>> pool.close()
     """
 
-    def __init__(self, n: int, name: str = "conveyor-fetch") -> None:
+    def __init__(self, n: int, name: str = "conveyor-fetch", init: Callable[[], None] | None = None) -> None:
         self.n = n
         self.queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self.closed = False
+        self.init = init  # run first in every thread (a thread worker's info)
         self.threads = [threading.Thread(target=self._loop, name=f"{name}_{i}", daemon=True) for i in range(n)]
         for t in self.threads:
             t.start()
 
     def _loop(self) -> None:
+        if self.init is not None:
+            self.init()
         get = self.queue.get
         while True:
             item = get()

@@ -68,6 +68,8 @@ def _set_info(info: WorkerInfo | None, *, thread: bool) -> None:
     global _process_info
     if thread:
         _thread_info.info = info
+        if info is not None:
+            _route_torch_worker_info()
         return
     _process_info = info
     torch = sys.modules.get("torch")
@@ -80,6 +82,49 @@ def _set_info(info: WorkerInfo | None, *, thread: bool) -> None:
                 id=info.id, num_workers=info.num_workers, seed=info.seed, dataset=info.dataset)
         except Exception:  # pragma: no cover - torch internals moved
             pass
+
+
+_routed = threading.Lock()
+
+
+def _route_torch_worker_info() -> None:
+    """Make ``torch.utils.data.get_worker_info()`` answer in thread workers too.
+
+    torch keeps one worker info per process; thread workers share a process, so conveyor
+    wraps torch's function (once, on the first thread worker): in a thread of conveyor's
+    it returns that worker's info, anywhere else exactly what torch's returns. A dataset
+    module that imported the function by name before then keeps torch's (``None`` in
+    thread workers); ``conveyor.get_worker_info()`` answers everywhere.
+    """
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return
+    with _routed:
+        try:
+            import torch.utils.data as tdata
+            from torch.utils.data._utils import worker as tworker
+        except ImportError:  # pragma: no cover - torch without its data utilities
+            return
+        original = tworker.get_worker_info
+        if getattr(original, "_conveyor", False):
+            return
+
+        def get_worker_info() -> Any:
+            info = getattr(_thread_info, "info", None)
+            if info is None:
+                return original()
+            mine = getattr(_thread_info, "torch_info", None)
+            if mine is None or mine[0] is not info:
+                mine = _thread_info.torch_info = (info, tworker.WorkerInfo(
+                    id=info.id, num_workers=info.num_workers, seed=info.seed, dataset=info.dataset))
+            return mine[1]
+
+        get_worker_info.__doc__ = original.__doc__
+        get_worker_info.__wrapped__ = original  # type: ignore[attr-defined]
+        get_worker_info._conveyor = True  # type: ignore[attr-defined]
+        tworker.get_worker_info = get_worker_info
+        if getattr(tdata, "get_worker_info", None) is original:
+            tdata.get_worker_info = get_worker_info
 
 
 @dataclass(frozen=True)
@@ -136,6 +181,8 @@ class Fetcher:
         self.watch: tuple[float, Callable[[], float | None]] | None = None
         # where collate puts large leaves: a process worker's slot Writer, the main process's Recycler
         self.alloc: Callable[[tuple[int, ...], Any], Any] | None = None
+        # a thread worker's info is its thread's: its fetch threads are told it too
+        self.info = getattr(_thread_info, "info", None) if worker_id is not None else None
         self.set_threads(spec.fetch_threads)
 
     def set_threads(self, n: int) -> None:
@@ -144,7 +191,8 @@ class Fetcher:
         if n == self.threads or self.spec.iterable:
             return
         old = self.pool
-        self.pool = FetchPool(n) if n > 1 else None
+        info = self.info
+        self.pool = FetchPool(n, init=None if info is None else lambda: _set_info(info, thread=True)) if n > 1 else None
         self.threads = n
         if self.spec.seed is not None and n > 1:
             self.lock = rng_lock
