@@ -200,6 +200,25 @@ def test_hung_worker_times_out_with_its_stack() -> None:
     assert_no_leaks(before, grace=15)
 
 
+class _HangsFirst(_Hangs):
+    def __getitem__(self, i: int) -> torch.Tensor:
+        return super().__getitem__(5 if i == 1 else i)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("workers", [2, "auto"])
+def test_timeout_holds_for_the_first_batches_too(workers: int | str) -> None:
+    # the first batches are the ones "adaptive" would make in the main process, where
+    # nothing could time them out: with a timeout, workers make them
+    before = Snapshot.take()
+    loader = conveyor.DataLoader(_HangsFirst(), batch_size=2, timeout=2, num_workers=workers)
+    with pytest.raises(RuntimeError, match="timed out") as info:
+        drain(loader)
+    assert "[0, 1]" in str(info.value)
+    del loader, info
+    assert_no_leaks(before, grace=15)
+
+
 # --------------------------------------------------------------------------- skipping bad samples
 
 

@@ -778,11 +778,14 @@ class _Pool:
         self.prefetch = 2 if pf is None else max(1, pf)
         self.auto = loader._auto
         self.tuner: Any = None
+        # a batch made in the main process cannot be timed out: with a timeout, workers make
+        # every batch (no probing here; "auto" starts with a worker per core and trims the rest)
+        self.timed = loader.timeout > 0
         kept = None
         if self.auto is not None:
             kept = loader._tuner
             self.tuner = loader._tuner = kept or Tuner(cpu=_cores())
-            if self.auto["num_workers"]:
+            if self.auto["num_workers"] and not self.timed:
                 self.num_workers = 0
         self.worker_type = loader.worker_type
         self.context = loader.multiprocessing_context
@@ -793,9 +796,9 @@ class _Pool:
         self._holder: list[Any] = []  # the executor, once started
         self._locals: list[Fetcher] = []  # the main process's fetcher, once used
         self._finalizer = weakref.finalize(self, _close_all, self._holder, self._locals)
-        auto_workers = self.auto is not None and self.auto["num_workers"]
+        auto_workers = self.auto is not None and self.auto["num_workers"] and not self.timed
         self.adaptive = auto_workers or (loader.adaptive and self.num_workers > 0 and not loader._iterable
-                                         and loader.worker_init_fn is None)
+                                         and loader.worker_init_fn is None and not self.timed)
         self.mode = "probe" if self.adaptive else "workers"
         self.inline_costs: list[float] = []
         self.inline_rates: list[float] = []  # bytes per second of the main-process batches
@@ -840,10 +843,10 @@ class _Pool:
         if auto.get("prefetch_factor") and kept.prefetch_factor:
             self.prefetch = kept.prefetch_factor
         if auto.get("num_workers"):
-            self.num_workers = kept.num_workers
+            self.num_workers = max(kept.num_workers, 1 if self.timed else 0)
             # the probe that would tell whether the dataset draws from the global RNGs does
             # not run again: with workers, the workers make every batch, as torch's would
-            self.mode = "workers" if kept.num_workers else "inline"
+            self.mode = "workers" if self.num_workers else "inline"
             self.adaptive = False
         self.spec = dataclasses.replace(self.spec, fetch_threads=self.threads, num_workers=self.num_workers)
 
