@@ -55,6 +55,13 @@ class Failure:
     worker_id: int | None
     indices: Any
     where: str = "fetching"
+    # the exception itself, when it was raised in this process (the main process, a thread
+    # worker): raised again as it is, frames and all; never pickled
+    original: BaseException | None = None
+
+    def __reduce__(self) -> Any:
+        return (Failure, (self.type_name, self.message, self.traceback, self.payload, self.worker_id,
+                          self.indices, self.where))
 
     def summary(self) -> str:
         return f"{self.type_name}: {self.message}"
@@ -78,29 +85,37 @@ def _worker_name(worker_id: int | None) -> str:
     return "the main process" if worker_id is None else f"worker {worker_id}"
 
 
-def capture(exc: BaseException, worker_id: int | None, indices: Any, where: str = "fetching") -> Failure:
-    """Record ``exc`` (with its traceback) so it can be re-raised elsewhere."""
+def capture(exc: BaseException, worker_id: int | None, indices: Any, where: str = "fetching",
+            *, keep: bool = False) -> Failure:
+    """Record ``exc`` (with its traceback) so it can be re-raised elsewhere; ``keep``: it will be
+    raised in this process, so keep the exception object itself too (nothing to pickle)."""
     text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-    payload: bytes | None
-    try:
-        saved_tb = exc.__traceback__
-        exc.__traceback__ = None
+    payload: bytes | None = None
+    if not keep:
         try:
-            payload = pickle.dumps(exc)
-            pickle.loads(payload)
-        finally:
-            exc.__traceback__ = saved_tb
-    except Exception:
-        payload = None
+            saved_tb = exc.__traceback__
+            exc.__traceback__ = None
+            try:
+                payload = pickle.dumps(exc)
+                pickle.loads(payload)
+            finally:
+                exc.__traceback__ = saved_tb
+        except Exception:
+            payload = None
+    try:
+        message = str(exc)
+    except Exception as inner:  # an exception whose __str__ fails must still be reported
+        message = f"<str() of the exception failed: {type(inner).__name__}: {inner}>"
     cls = type(exc)
     return Failure(
         type_name=f"{cls.__module__}.{cls.__qualname__}",
-        message=str(exc),
+        message=message,
         traceback=text,
         payload=payload,
         worker_id=worker_id,
         indices=list(indices) if isinstance(indices, (list, tuple, range)) else indices,
         where=where,
+        original=exc if keep else None,
     )
 
 
@@ -111,7 +126,12 @@ def rebuild(failure: Failure) -> BaseException:
     else:
         note = (f"This exception was raised in {_worker_name(failure.worker_id)} while "
                 f"{failure.where} {_describe_indices(failure.indices)}.")
-    exc: BaseException | None = None
+    exc: BaseException | None = failure.original
+    if exc is not None:
+        # raised in this process: the exception itself, its own traceback and cause
+        exc.add_note(note)
+        _tag(exc, failure)
+        return exc
     if failure.payload is not None:
         try:
             exc = pickle.loads(failure.payload)
@@ -122,9 +142,13 @@ def rebuild(failure: Failure) -> BaseException:
                           worker_id=failure.worker_id, indices=failure.indices)
     exc.__cause__ = RemoteTraceback(failure.traceback)
     exc.add_note(note)
+    _tag(exc, failure)
+    return exc
+
+
+def _tag(exc: BaseException, failure: Failure) -> None:
     try:
         exc.worker_id = failure.worker_id  # type: ignore[attr-defined]
         exc.indices = failure.indices  # type: ignore[attr-defined]
     except Exception:
         pass
-    return exc

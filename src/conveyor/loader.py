@@ -1375,7 +1375,7 @@ class _Run(Generic[T]):
             batch = fetcher.quick(indices)
         except Exception as exc:
             # the same shape as a worker's failure: original type, traceback chained, a note
-            raise rebuild(capture(exc, None, indices))  # noqa: B904 - __cause__ is the traceback
+            raise rebuild(capture(exc, None, indices, keep=True))  # noqa: B904 - the exception itself, noted
         end = time.perf_counter()
         self.stats.result(-1, start, 0.0, end)
         pool.note(end - start)

@@ -69,7 +69,7 @@ class ThreadExecutor:
         try:
             fetcher = start_worker(self.spec, worker, kind="thread")
         except Exception as exc:
-            failure = capture(exc, worker, None, "running worker_init_fn")
+            failure = capture(exc, worker, None, "running worker_init_fn", keep=True)
             while (task := q.get()) is not _STOP:
                 if type(task) is not _Threads:
                     self.results.put(Result(task.seq, worker, failure=failure))
@@ -82,8 +82,12 @@ class ThreadExecutor:
                 if type(task) is _Threads:
                     fetcher.set_threads(task.n)
                     continue
-                fetcher.schedule(task)
-                self.results.put(fetcher.run(task))
+                try:
+                    fetcher.schedule(task)
+                    result = fetcher.run(task)
+                except BaseException as exc:  # noqa: BLE001 - SystemExit and the like: raised where next() was called
+                    result = Result(task.seq, worker, failure=capture(exc, worker, task.indices, keep=True))
+                self.results.put(result)
         finally:
             fetcher.close()
             _set_info(None, thread=True)
@@ -98,6 +102,7 @@ class ThreadExecutor:
         try:
             first = self.results.get(timeout=timeout) if timeout is None or timeout > 0 else self.results.get_nowait()
         except queue.Empty:
+            self._bury()
             return []
         out: list[Event] = [first]
         while True:
@@ -109,6 +114,17 @@ class ThreadExecutor:
             assert isinstance(r, Result)
             self.ledger.done(r.worker, r.seq)
         return out
+
+    def _bury(self) -> None:
+        """A worker thread that ended while holding tasks (it catches everything its tasks raise,
+        so only a fault of its own ends it) fails them, rather than leave next() waiting."""
+        if self.closed:
+            return
+        for w, t in enumerate(self.threads):
+            if not t.is_alive() and self.ledger.count(w):
+                exc = RuntimeError(f"thread worker {w} stopped unexpectedly while holding batches")
+                for task in self.ledger.take(w):
+                    self.results.put(Result(task.seq, w, failure=capture(exc, w, task.indices, keep=True)))
 
     def outstanding(self, worker: int) -> int:
         return self.ledger.count(worker)

@@ -163,6 +163,9 @@ class Fetcher:
                  cpu_clock: Callable[[], float] | None = None) -> None:
         self.spec = spec
         self.worker_id = worker_id
+        # a failure raised in this very process (the main process, a thread worker) is raised as
+        # itself; skipped ones are kept as records only (their frames would hold their samples)
+        self.keep = (worker_id is None or shared_rng) and spec.on_error == "raise"
         self.dataset = spec.dataset
         self.iterator: Any = None
         self.iter_epoch: int | None = None
@@ -369,7 +372,7 @@ class Fetcher:
                           cpu=None if cpu0 is None else self.cpu_clock() - cpu0)
         except Exception as exc:
             indices = task.indices
-            return Result(task.seq, self._wid(), failure=capture(exc, self.worker_id, indices),
+            return Result(task.seq, self._wid(), failure=capture(exc, self.worker_id, indices, keep=self.keep),
                           start=start, end=time.perf_counter())
 
     def _wid(self) -> int:
