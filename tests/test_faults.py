@@ -274,6 +274,22 @@ def test_timeout_holds_for_the_first_batches_too(workers: int | str) -> None:
 
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("kind", sorted(KINDS))
+def test_a_fraction_weighs_the_batch_it_arrives_in(kind: str) -> None:
+    # one bad sample in a first batch of 200 is 0.5%: within max_failures=0.01 (it used to be
+    # weighed against the samples seen before its own batch: '1 of 1 failed')
+    loader = conveyor.DataLoader(Failing(1000, {2}), batch_size=200, on_error="skip", max_failures=0.01,
+                                 **KINDS[kind])
+    assert sum(len(b) for b in drain(loader)) == 999
+    # a fraction allows its share of the samples seen so far, rounded up: 2 of the first 20
+    # at 5% (1 allowed) is over
+    loader = conveyor.DataLoader(Failing(40, {3, 7}), batch_size=10, on_error="skip", max_failures=0.05,
+                                 **KINDS[kind])
+    with pytest.raises(conveyor.TooManyFailures, match="2 of 10 samples"):
+        drain(loader)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("kind", sorted(KINDS))
 @pytest.mark.parametrize("budget", [2, 0.25])
 def test_skip_within_budget(kind: str, budget: int | float) -> None:
     loader = conveyor.DataLoader(Failing(20, {13, 17}), batch_size=4, on_error="skip", max_failures=budget,

@@ -132,7 +132,9 @@ class DataLoader(Generic[T]):
     * ``fetch_threads``: samples fetched at once inside each worker (slow storage);
       default 1, or ``"auto"`` with ``num_workers="auto"`` (as is ``prefetch_factor``
       left unset): pass a number to pin it;
-    * ``on_error`` / ``max_failures``: ``"skip"`` leaves bad samples out of their batch;
+    * ``on_error`` / ``max_failures``: ``"skip"`` leaves bad samples out of their batch, up
+      to a count, or a fraction of the samples seen so far (rounded up: one bad sample in
+      the first batch is not yet a rate);
     * ``max_worker_restarts``: dead process workers are replaced, their batches re-issued;
     * ``restart_hung``: with ``timeout``, a process worker stuck on a batch longer than
       that is killed and replaced (counted against ``max_worker_restarts``) instead of
@@ -1430,17 +1432,20 @@ class _Run(Generic[T]):
                 self.active[w] = False
             return None
         loader = self.loader
-        if r.skipped:
-            self._count_failures(list(r.skipped))
         if r.failure is not None:
             if loader.on_error == "skip" and r.failure.where == "fetching":
                 self._count_failures([r.failure], samples=len(r.failure.indices or []) or 1)
                 return None
             raise rebuild(r.failure)
+        n = _batch_size(self.loader, r)
+        if r.skipped:
+            # the batch's samples count as seen before the failures are weighed against them
+            self._count_failures(list(r.skipped), samples=n, failed=len(r.skipped))
+            n -= len(r.skipped)
+        else:
+            self.samples_seen += n
         if r.empty:
             return None
-        n = _batch_size(self.loader, r)
-        self.samples_seen += n + len(r.skipped)
         batch = r.batch if r.worker < 0 else self.ex.decode(r)
         if self.to_numpy:
             batch = to_numpy(batch)
@@ -1448,14 +1453,16 @@ class _Run(Generic[T]):
             batch = self.pin(batch)
         return batch, n
 
-    def _count_failures(self, failures: list[Failure], samples: int | None = None) -> None:
+    def _count_failures(self, failures: list[Failure], samples: int, failed: int | None = None) -> None:
+        """``samples`` more were seen, ``failed`` of them (all by default) failing with ``failures``."""
         self.stats.skipped(failures)
-        self.failed += samples if samples is not None else len(failures)
-        if samples is not None:
-            self.samples_seen += samples
+        self.failed += samples if failed is None else failed
+        self.samples_seen += samples
         limit = self.loader.max_failures
         seen = max(1, self.samples_seen)
-        over = self.failed > limit if isinstance(limit, int) else self.failed / seen > limit
+        # a fraction allows that share of the samples seen so far, rounded up: one bad sample
+        # early on is not yet a rate
+        over = self.failed > (limit if isinstance(limit, int) else math.ceil(limit * seen))
         if over:
             first = self.stats.failures[0] if self.stats.failures else failures[0]
             kinds: dict[str, int] = {}
