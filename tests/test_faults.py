@@ -396,3 +396,52 @@ def test_shm_full_falls_back_with_one_warning(tmp_path: Path, script_env: dict[s
     assert proc.returncode == 0, proc.stderr[-3000:]
     line = [ln for ln in proc.stdout.splitlines() if ln.startswith("WARNINGS")]
     assert line and line[0].split()[1] == "1", proc.stdout
+
+
+class _Survives(tud.IterableDataset):
+    """A stream whose iterator raises at bad items and can still be asked for the next one."""
+
+    def __init__(self, n: int, bad: set[int], generator: bool) -> None:
+        self.n, self.bad, self.generator = n, bad, generator
+
+    def __iter__(self) -> Any:
+        if self.generator:
+            return self._gen()
+        return _SurvivingIterator(self)
+
+    def _gen(self) -> Any:
+        for i in range(self.n):
+            if i in self.bad:
+                raise ValueError(f"bad item {i}")
+            yield torch.tensor([i])
+
+
+class _SurvivingIterator:
+    def __init__(self, ds: _Survives) -> None:
+        self.ds, self.i = ds, 0
+
+    def __next__(self) -> torch.Tensor:
+        i = self.i
+        if i >= self.ds.n:
+            raise StopIteration
+        self.i += 1
+        if i in self.ds.bad:
+            raise ValueError(f"bad item {i}")
+        return torch.tensor([i])
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("workers", [0, 2])
+def test_skip_in_a_stream(workers: int) -> None:
+    # an iterator that survives its bad items goes on; the good items of a batch stay
+    kw = {"batch_size": 4, "on_error": "skip", "max_failures": 5, "num_workers": workers}
+    loader = conveyor.DataLoader(_Survives(20, {5, 11}, generator=False), **kw)
+    got = sorted(int(x) for b in drain(loader) for x in b.flatten())
+    # each replica streams everything (no sharding here)
+    assert got == sorted([i for i in range(20) if i not in (5, 11)] * max(1, workers))
+    assert len(loader.stats()["failures"]) == 2 * max(1, workers)
+    # a generator is over once it raised: its batch keeps its good items, and a warning says why the stream stopped
+    loader = conveyor.DataLoader(_Survives(20, {5}, generator=True), **kw)
+    with pytest.warns(RuntimeWarning, match="generator is over once it has raised"):
+        got = sorted(int(x) for b in drain(loader) for x in b.flatten())
+    assert got == sorted([0, 1, 2, 3, 4] * max(1, workers))

@@ -1196,6 +1196,7 @@ class _Run(Generic[T]):
         # A stream cannot seek: resuming an iterable dataset mid-epoch makes the batches the
         # user had received again and drops them (exact when the stream is deterministic)
         self.discard = skip if loader._iterable else 0
+        self.broke: set[int] = set()  # replicas of a stream whose last item raised
         self.slices = _Slices.of(loader, skip) if pool.spec.gather and not self.ahead else None
         self.ready: collections.deque[Any] = collections.deque()  # batches of one bulk gather
         # torch's iterator with workers takes its first prefetch_factor * num_workers batches of
@@ -1430,7 +1431,21 @@ class _Run(Generic[T]):
             w = max(r.worker, 0)  # -1: the main process, the only replica with 0 workers
             if w < len(self.active):
                 self.active[w] = False
+            if r.skipped:
+                self._count_failures(list(r.skipped), samples=len(r.skipped))
+            if r.skipped or w in self.broke:
+                warnings.warn(
+                    f"conveyor: the stream of {'the main process' if r.worker < 0 else f'worker {w}'} ended right "
+                    "after an item raised (on_error='skip'): a generator is over once it has raised, so the "
+                    "rest of that stream, if any, is lost. To skip bad items and go on, catch them inside "
+                    "__iter__, or give the iterator a __next__ that can be called again after raising.",
+                    RuntimeWarning, stacklevel=4)
             return None
+        if self.loader._iterable:  # whose stream has just left out a failing item (see above)
+            if r.skipped or r.failure is not None:
+                self.broke.add(max(r.worker, 0))
+            else:
+                self.broke.discard(max(r.worker, 0))
         loader = self.loader
         if r.failure is not None:
             if loader.on_error == "skip" and r.failure.where == "fetching":

@@ -315,7 +315,7 @@ class Fetcher:
         samples, skipped = self._samples(task)
         return samples, skipped, False
 
-    def _fetch_iter(self, task: Task) -> Any:
+    def _fetch_iter(self, task: Task, skipped: list[Failure]) -> Any:
         if self.iter_epoch != task.epoch:
             self.iterator = iter(self.dataset)
             self.iter_epoch = task.epoch
@@ -330,13 +330,25 @@ class Fetcher:
                 self.exhausted = True
                 raise
         assert spec.batch_size is not None
-        out = []
+        out: list[Any] = []
         it = self.iterator
-        try:
+        if spec.on_error != "skip":
+            try:
+                for _ in range(spec.batch_size):
+                    out.append(next(it))
+            except StopIteration:
+                self.exhausted = True
+        else:
+            # an item that raises is left out and the stream asked for the next one (an
+            # iterator that survives goes on; a generator is over once it has raised)
             for _ in range(spec.batch_size):
-                out.append(next(it))
-        except StopIteration:
-            self.exhausted = True
+                try:
+                    out.append(next(it))
+                except StopIteration:
+                    self.exhausted = True
+                    break
+                except Exception as exc:
+                    skipped.append(capture(exc, self.worker_id, None))
         if not out or (spec.drop_last and len(out) < spec.batch_size):
             self.exhausted = True
             raise StopIteration
@@ -353,11 +365,12 @@ class Fetcher:
         spec = self.spec
         try:
             if spec.iterable:
-                try:
-                    data = self._fetch_iter(task)
-                except StopIteration:
-                    return Result(task.seq, self._wid(), exhausted=True, start=start, end=time.perf_counter())
                 skipped: list[Failure] = []
+                try:
+                    data = self._fetch_iter(task, skipped)
+                except StopIteration:
+                    return Result(task.seq, self._wid(), exhausted=True, skipped=tuple(skipped),
+                                  start=start, end=time.perf_counter())
                 done = False
             else:
                 data, skipped, done = self._fetch_map(task)
