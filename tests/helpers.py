@@ -262,7 +262,7 @@ def children() -> set[int]:
             cmd = " ".join(p.cmdline())
         except psutil.Error:
             continue
-        if "resource_tracker" in cmd or "forkserver" in cmd:
+        if "multiprocessing.resource_tracker" in cmd or "multiprocessing.forkserver" in cmd:
             continue
         out.add(p.pid)
     return out

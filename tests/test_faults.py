@@ -445,3 +445,17 @@ def test_skip_in_a_stream(workers: int) -> None:
     with pytest.warns(RuntimeWarning, match="generator is over once it has raised"):
         got = sorted(int(x) for b in drain(loader) for x in b.flatten())
     assert got == sorted([0, 1, 2, 3, 4] * max(1, workers))
+
+
+@pytest.mark.timeout(60)
+def test_forkserver_workers_idle_between_epochs_stay() -> None:
+    # a forkserver worker's parent is the fork server, not the main process: idle workers
+    # took that for the main process gone, left after 0.5 s, and were restarted each epoch
+    # (counted against max_worker_restarts)
+    with conveyor.DataLoader(Squares(), batch_size=4, num_workers=2, persistent_workers=True,
+                             multiprocessing_context="forkserver", adaptive=False) as loader:
+        first = [repr(b) for b in loader]
+        time.sleep(1.5)
+        assert [repr(b) for b in loader] == first
+        stats = loader.stats()
+    assert stats["restarts"] == 0 and not stats["deaths"], stats["deaths"]

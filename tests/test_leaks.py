@@ -147,7 +147,13 @@ KILLED = textwrap.dedent("""
     import conveyor
     from helpers import WORKERS, Images
 
-    loader = conveyor.DataLoader(Images(64), batch_size=8, num_workers=2, **WORKERS)
+    class Stuck(Images):  # the batches after the third never finish
+        def __getitem__(self, i):
+            if i >= 24 and sys.argv[1] == "stuck":
+                time.sleep(1000)
+            return super().__getitem__(i)
+
+    loader = conveyor.DataLoader(Stuck(64), batch_size=8, num_workers=2, **WORKERS)
     it = iter(loader)
     held = [next(it) for _ in range(3)]   # batches mapped from the workers' slots
     kids = [p.pid for p in psutil.Process().children() if "resource_tracker" not in " ".join(p.cmdline())]
@@ -157,11 +163,14 @@ KILLED = textwrap.dedent("""
 
 
 @pytest.mark.timeout(90)
-def test_main_process_sigkill(tmp_path: Path, script_env: dict[str, str]) -> None:
+@pytest.mark.parametrize("workers_are", ["idle", "stuck"])
+def test_main_process_sigkill(tmp_path: Path, script_env: dict[str, str], workers_are: str) -> None:
+    # workers between batches notice at once; workers stuck inside a sample have a watchdog
+    # thread that frees their shared memory and stack file and ends them
     script = tmp_path / "killed.py"
     script.write_text(KILLED)
-    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env=script_env)
+    proc = subprocess.Popen([sys.executable, str(script), workers_are], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=script_env)
     try:
         line = proc.stdout.readline() if proc.stdout else ""
         if not line.startswith("READY"):

@@ -442,6 +442,17 @@ def serve(spec: WorkerSpec, worker_id: int, gen: int, tasks: Any, results: Any,
     from ..transport import segment as _segment
 
     pool = SlotPool(f"{prefix}w{worker_id}g{gen}_") if _segment.available() else None
+    parent = ParentWatch(parent_pid)
+
+    def cleanup() -> None:
+        if pool is not None:
+            pool.close()
+        try:
+            os.unlink(stack_at)
+        except OSError:
+            pass
+
+    _watchdog(parent, cleanup)
     try:
         try:
             fetcher = start_worker(spec, worker_id, kind="process")
@@ -479,7 +490,7 @@ def serve(spec: WorkerSpec, worker_id: int, gen: int, tasks: Any, results: Any,
 
         while True:
             if not queue:
-                if not _wait(readable, parent_pid) or not take():
+                if not _wait(readable, parent) or not take():
                     return
                 continue
             task = queue.pop(0)
@@ -554,12 +565,65 @@ def _rss() -> int | None:
         return None
 
 
-def _wait(readable: Readable, parent_pid: int) -> bool:
+class ParentWatch:
+    """Is the main process (``pid``) still there? Not always this process's parent: a
+    forkserver worker's parent is the fork server. A pidfd (Linux 5.3+) says so exactly and
+    can be waited on; elsewhere the pid is probed."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.fd: int | None = None
+        try:
+            self.fd = os.pidfd_open(pid)
+        except (AttributeError, OSError):
+            self.fd = None  # no pidfd here (or the process is gone already: alive() says so)
+
+    def alive(self) -> bool:
+        if self.fd is not None:
+            import select
+
+            return not select.select([self.fd], [], [], 0)[0]
+        if os.getppid() == self.pid:
+            return True
+        try:
+            os.kill(self.pid, 0)
+        except ProcessLookupError:
+            return False
+        except OSError:
+            return True
+        return True
+
+    def wait_gone(self) -> None:
+        """Block until the main process has ended."""
+        if self.fd is not None:
+            import select
+
+            select.select([self.fd], [], [])
+            return
+        while self.alive():
+            time.sleep(0.5)
+
+
+def _wait(readable: Readable, parent: ParentWatch) -> bool:
     """Block until the order pipe is readable; False when the main process is gone."""
     while not readable(0.5):
-        if os.getppid() != parent_pid:
+        if not parent.alive():
             return False
     return True
+
+
+def _watchdog(parent: ParentWatch, cleanup: Callable[[], None]) -> None:
+    """A thread of each process worker: when the main process ends (killed, say) while this
+    worker is inside a slow or stuck sample, free its shared memory and stack file and exit
+    now, rather than stay behind until the sample returns."""
+    def run() -> None:
+        parent.wait_gone()
+        try:
+            cleanup()
+        finally:
+            os._exit(1)
+
+    threading.Thread(target=run, name="conveyor-watchdog", daemon=True).start()
 
 
 def stack_path(prefix: str, worker: int, gen: int) -> str:
