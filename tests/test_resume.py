@@ -458,3 +458,35 @@ def test_resume_a_stream_mid_epoch(workers: int) -> None:
     with second:
         second.load_state_dict(state)
         assert [[b.tolist() for b in second] for _ in range(2)] == [ref[0][3:], ref[1]]
+
+
+class SlowStream(torch.utils.data.IterableDataset):
+    """0..n-1 shared between workers by torch's worker info; item 4 takes 0.3 s."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __iter__(self) -> Iterator[int]:
+        info = torch.utils.data.get_worker_info()
+        start, step = (0, 1) if info is None else (info.id, info.num_workers)
+        for i in range(start, self.n, step):
+            if i == 4:
+                time.sleep(0.3)
+            yield i
+
+
+@pytest.mark.timeout(60)
+def test_resume_a_stream_handed_out_of_order() -> None:
+    def make_loader() -> DataLoader[Any]:
+        return DataLoader(SlowStream(24), batch_size=2, num_workers=2, in_order=False)
+
+    first = make_loader()
+    with first:
+        it = iter(first)
+        got = [next(it).tolist() for _ in range(4)]
+        state = json.loads(json.dumps(first.state_dict()))
+    second = make_loader()
+    with second:
+        second.load_state_dict(state)
+        rest = [b.tolist() for b in second]
+    assert sorted(got + rest) == sorted(b.tolist() for b in DataLoader(SlowStream(24), batch_size=2, num_workers=2))

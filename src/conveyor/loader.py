@@ -1187,15 +1187,20 @@ class _Run(Generic[T]):
         # Positions (batch numbers in the epoch) the user has received: all below ``prefix``,
         # and ``ahead`` beyond it. Tracked when batches may arrive out of order, or when a
         # resumed epoch must leave out batches an out-of-order run had already handed out.
+        iterable = loader._iterable
         self.ahead: set[int] = {p for p in done if p > skip}
-        self.prefix = self.prefix_base = skip
+        self.prefix = skip
         self.track = not loader.in_order or bool(self.ahead)
         self.positions: list[int] | None = None  # position of each batch of this run, when some are left out
         self.out_seq = -1  # seq of the batch being handed out (read when tracking)
         self.bulk_seq = 0  # seq of the next batch in ``ready``
         # A stream cannot seek: resuming an iterable dataset mid-epoch makes the batches the
-        # user had received again and drops them (exact when the stream is deterministic)
-        self.discard = skip if loader._iterable else 0
+        # user had received again and drops them (exact when the stream is deterministic).
+        # A map-style epoch leaves them out of its sampler's batches instead.
+        self.drop_below = skip if iterable else 0
+        self.drop = set(self.ahead) if iterable else set()
+        self.dropping = self.drop_below + len(self.drop)  # batches still to drop
+        self.first_pos = 0 if iterable else skip  # position of this run's first batch
         self.broke: set[int] = set()  # replicas of a stream whose last item raised
         self.slices = _Slices.of(loader, skip) if pool.spec.gather and not self.ahead else None
         self.ready: collections.deque[Any] = collections.deque()  # batches of one bulk gather
@@ -1203,21 +1208,23 @@ class _Run(Generic[T]):
         # indices when it is made (drawing the order then, and from a shared generator before
         # the next iterator's seed); without workers it waits for the first next(). Seed-mode
         # samplers take their epoch when iterated, so a second live iterator cannot change it.
-        ahead = 0
-        if not loader._iterable and loader.num_workers > 0:
-            ahead = loader.num_workers * (loader.prefetch_factor or 2)
+        primed = 0
+        if not iterable and loader.num_workers > 0:
+            primed = loader.num_workers * (loader.prefetch_factor or 2)
         if self.slices is not None:
             self.batches: Iterator[Any] = self.slices
-            self.slices.begin(ahead > 0)
+            self.slices.begin(primed > 0)
         else:
             self.batches = iter(loader._index_sampler)
-            if self.ahead:
+            if iterable:
+                pass
+            elif self.ahead:
                 self.positions = []
                 self.batches = self._leave_out(self.batches, skip, self.ahead, self.positions)
-            elif skip and not loader._iterable:
+            elif skip:
                 self.batches = itertools.islice(self.batches, skip, None)
-            if ahead:
-                head = list(itertools.islice(self.batches, ahead))
+            if primed:
+                head = list(itertools.islice(self.batches, primed))
                 self.batches = itertools.chain(head, self.batches)
         self.sampler_done = False
         self.first_seq = pool.seq
@@ -1244,7 +1251,7 @@ class _Run(Generic[T]):
     def _handed(self, seq: int) -> None:
         """The batch of ``seq`` reached the user: advance the position the state will name."""
         k = seq - self.first_seq
-        pos = self.positions[k] if self.positions is not None else self.prefix_base + k
+        pos = self.positions[k] if self.positions is not None else self.first_pos + k
         if pos != self.prefix:
             self.ahead.add(pos)
             return
@@ -1273,10 +1280,14 @@ class _Run(Generic[T]):
             raise StopIteration
         asked = time.perf_counter()
         try:
-            while self.discard:
-                self._next()  # made again and dropped (see ``discard``)
-                self.discard -= 1
             batch, size = self._next()
+            while self.dropping:  # a resumed stream's batches the user had received (see ``drop``)
+                pos = self.out_seq - self.first_seq
+                if pos >= self.drop_below and pos not in self.drop:
+                    break
+                self.drop.discard(pos)
+                self.dropping -= 1
+                batch, size = self._next()
         except StopIteration:
             self._finish()
             raise
