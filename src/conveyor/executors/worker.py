@@ -580,9 +580,7 @@ class ParentWatch:
 
     def alive(self) -> bool:
         if self.fd is not None:
-            import select
-
-            return not select.select([self.fd], [], [], 0)[0]
+            return not self._poll(0)
         if os.getppid() == self.pid:
             return True
         try:
@@ -593,12 +591,18 @@ class ParentWatch:
             return True
         return True
 
+    def _poll(self, timeout_ms: int | None) -> bool:
+        import select  # poll, not select: a worker may hold more than 1024 descriptors
+
+        p = select.poll()
+        assert self.fd is not None
+        p.register(self.fd, select.POLLIN)
+        return bool(p.poll(timeout_ms))
+
     def wait_gone(self) -> None:
         """Block until the main process has ended."""
         if self.fd is not None:
-            import select
-
-            select.select([self.fd], [], [])
+            self._poll(None)
             return
         while self.alive():
             time.sleep(0.5)
