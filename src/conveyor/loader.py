@@ -1613,6 +1613,8 @@ class _Run(Generic[T]):
         stack = None
         if hasattr(self.ex, "stack"):
             stack = self.ex.stack(worker)
+        if hasattr(self.ex, "hung"):
+            self.ex.hung.add(worker)  # closing need not wait for it to finish its batch
         idx = "the next batch" if task.indices is None else f"indices {task.indices}"
         msg = (f"DataLoader timed out after {self.loader.timeout} seconds waiting for batch {seq - self.first_seq} "
                f"of this epoch ({idx}) from worker {worker}")

@@ -74,6 +74,7 @@ class ProcessExecutor:
         self.gens = [0] * num_workers
         self.closed = False
         self.warned = False
+        self.hung: set[int] = set()  # workers a timeout found stuck: close() kills them at once
         self.pending_freed: dict[tuple[int, int], list[int]] = {}  # (worker, gen) -> slot ids
         self.froze = False  # this pool holds a gc freeze (fork only)
         # one poll set for every result pipe and sentinel, kept across calls
@@ -91,6 +92,7 @@ class ProcessExecutor:
     # -- start-up ---------------------------------------------------------
     def _spawn(self, w: int) -> _Worker:
         gen = self.gens[w]
+        self.hung.discard(w)
         task_r, task_w = self.ctx.Pipe(duplex=False)
         res_r, res_w = self.ctx.Pipe(duplex=False)
         proc = self.ctx.Process(
@@ -396,6 +398,9 @@ class ProcessExecutor:
             return  # a forked child inherits this object: only its creator may close it
         self.closed = True
         workers = [wk for wk in self.workers if wk is not None]
+        for w, wk in enumerate(self.workers):
+            if wk is not None and w in self.hung:
+                wk.proc.kill()  # stuck in a sample: it would not read the stop order in time
         for wk in workers:
             try:
                 wk.tasks.send(Order(stop=True))
