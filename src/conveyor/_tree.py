@@ -6,6 +6,7 @@ stage, so every stage agrees on what a container is.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -46,18 +47,57 @@ def tree_map(fn: Callable[[Any], Any], tree: Any) -> Any:
     if kind == _LEAF:
         return fn(tree)
     if kind == _LIST:
-        return [tree_map(fn, v) for v in tree]
+        values = [tree_map(fn, v) for v in tree]
+        return values if cls is list else _same_list(tree, values)
     if kind == _TUPLE:
-        return tuple(tree_map(fn, v) for v in tree)
+        values = [tree_map(fn, v) for v in tree]
+        return tuple(values) if cls is tuple else _same_tuple(tree, values)
     if kind == _MAPPING:
         items = {k: tree_map(fn, v) for k, v in tree.items()}
-        if cls is dict:
-            return items
-        try:
-            return cls(items)
-        except TypeError:
-            return items
+        return items if cls is dict else _same_mapping(tree, items)
     return cls(*(tree_map(fn, v) for v in tree))  # a namedtuple
+
+
+# Containers of other types (OrderedDict, defaultdict, a dict subclass with attributes,
+# torch.Size, a list subclass) come back as what they were: a copy of the original (its
+# type and attributes) holding the new values, as pickling them would give. Those that
+# cannot be copied so fall back to the plain container.
+
+def _same_mapping(tree: Any, items: dict[Any, Any]) -> Any:
+    try:
+        clone = copy.copy(tree)
+        for k, v in items.items():
+            clone[k] = v
+        return clone
+    except Exception:
+        pass
+    try:
+        return type(tree)(items)
+    except Exception:
+        return items
+
+
+def _same_list(tree: Any, values: list[Any]) -> Any:
+    try:
+        clone = copy.copy(tree)
+        clone[:] = values
+        return clone
+    except Exception:
+        return values
+
+
+def _same_tuple(tree: Any, values: list[Any]) -> Any:
+    try:
+        clone = type(tree)(values)
+    except Exception:
+        return tuple(values)
+    state = getattr(tree, "__dict__", None)
+    if state:
+        try:
+            clone.__dict__.update(state)
+        except Exception:
+            pass
+    return clone
 
 
 def leaves(tree: Any) -> list[Any]:

@@ -571,7 +571,24 @@ def numpy_collate_tensor_fn(
     >>> numpy_collate_tensor_fn([torch.zeros(2), torch.ones(2)], collate_fn_map=numpy_collate_fn_map).shape
     (2, 2)
     """
-    return collate([t.numpy() for t in batch], collate_fn_map=collate_fn_map)
+    return collate([tensor_to_numpy(t) for t in batch], collate_fn_map=collate_fn_map)
+
+
+def tensor_to_numpy(t: Any) -> np.ndarray:
+    """A tensor as a numpy array: no copy for a plain CPU tensor; detached, moved to the CPU,
+    and widened where numpy lacks the dtype (bfloat16 -> float32) otherwise.
+
+    >>> import torch
+    >>> tensor_to_numpy(torch.ones(2, dtype=torch.bfloat16, requires_grad=True)).dtype
+    dtype('float32')
+    """
+    t = t.detach()
+    if t.device.type != "cpu":
+        t = t.cpu()
+    try:
+        return t.numpy()
+    except TypeError:
+        return t.float().numpy()
 
 
 def numpy_collate_array_fn(

@@ -320,7 +320,7 @@ class DataLoader(Generic[T]):
             if self._auto_collation:
                 collate_fn = default_collate if output == "torch" else numpy_collate
             else:
-                collate_fn = default_convert if output == "torch" else _identity
+                collate_fn = default_convert if output == "torch" else to_numpy
         self.collate_fn = collate_fn
         self.persistent_workers = persistent_workers
         self._epoch = 0
@@ -642,10 +642,6 @@ class DataLoader(Generic[T]):
                 self._persistent.close()
         except Exception:
             pass
-
-
-def _identity(x: Any) -> Any:
-    return x
 
 
 def _nbytes(batch: Any) -> int:

@@ -550,7 +550,8 @@ def _route_torch_collate(torch: Any) -> None:
     except ImportError:  # pragma: no cover - a torch without the module
         return
     table = getattr(torch_collate, "default_collate_fn_map", None)
-    if isinstance(table, dict) and torch.Tensor in table:
+    # only torch's own entry: a function the user registered there (padding, say) stays
+    if isinstance(table, dict) and table.get(torch.Tensor) is getattr(torch_collate, "collate_tensor_fn", None):
         from ..collate import collate_tensor_fn
 
         table[torch.Tensor] = collate_tensor_fn

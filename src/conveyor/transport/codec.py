@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from .._tree import tree_map
-from ..collate import _dtype_tables
+from ..collate import _dtype_tables, tensor_to_numpy
 from .slots import Views, Writer
 
 __all__ = ["Leaf", "Packed", "encode", "decode", "INLINE_BYTES"]
@@ -176,14 +176,6 @@ def to_numpy(batch: Any) -> Any:
         return batch
 
     def leaf(obj: Any) -> Any:
-        if isinstance(obj, torch.Tensor):
-            t = obj.detach()
-            if t.device.type != "cpu":
-                t = t.cpu()
-            try:
-                return t.numpy()
-            except TypeError:
-                return t.float().numpy()
-        return obj
+        return tensor_to_numpy(obj) if isinstance(obj, torch.Tensor) else obj
 
     return tree_map(leaf, batch)
