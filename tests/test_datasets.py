@@ -472,3 +472,25 @@ def test_string_array_pickles_as_buffers() -> None:
     buf = io.BytesIO()
     pickle.dump(arr, buf)
     assert pickle.loads(buf.getvalue())[49_999] == paths[-1]
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("column", ["strings", "objects", "big-endian"])
+@pytest.mark.parametrize("workers", [0, 2])
+def test_array_dataset_odd_columns_collate_as_torchs(column: str, workers: int) -> None:
+    # strings and objects cannot become tensors: their rows go through the collate function
+    # (as torch's loader takes them); a big-endian column is gathered in native order
+    import torch.utils.data as tud
+
+    import conveyor
+
+    cols: dict[str, list[Any]] = {
+        "strings": [np.arange(6), ["a", "b", "c", "d", "e", "f"]],
+        "objects": [np.arange(6), np.array([{"k": i} for i in range(6)], dtype=object)],
+        "big-endian": [np.arange(6).astype(">i4")],
+    }
+    ds = conveyor.ArrayDataset(*cols[column])
+    theirs = list(tud.DataLoader(ds, batch_size=4))
+    with conveyor.DataLoader(ds, batch_size=4, num_workers=workers) as loader:
+        mine = list(loader)
+    assert repr(mine) == repr(theirs)

@@ -458,7 +458,8 @@ class DataLoader(Generic[T]):
 
     def _spec(self, base_seed: int) -> WorkerSpec:
         gather = (self._default_collate and self._auto_collation and not self._iterable
-                  and self.on_error == "raise" and callable(getattr(self.dataset, "gather", None)))
+                  and self.on_error == "raise" and callable(getattr(self.dataset, "gather", None))
+                  and getattr(self.dataset, "gatherable", True))
         return WorkerSpec(
             dataset=self.dataset,
             collate_fn=self.collate_fn,

@@ -53,6 +53,9 @@ class ArrayDataset(Dataset[tuple[Any, ...]]):
             raise ValueError(f"ArrayDataset arrays must have the same first dimension, got lengths {lengths}")
         self.arrays = converted
         self._length = lengths[0]
+        # the loader gathers whole batches only when every column becomes a tensor as it is;
+        # strings, bytes or objects go row by row through the collate function, as torch's do
+        self.gatherable = all(_torch.is_tensor(a) or a.dtype.kind not in "USOVMm" for a in converted)
 
     def __len__(self) -> int:
         return self._length
@@ -85,7 +88,19 @@ class ArrayDataset(Dataset[tuple[Any, ...]]):
         torch = _torch.get()
         if torch is None:
             raise ImportError("gather(output='torch') needs torch: pip install conveyor[torch]")
-        return [b if _torch.is_tensor(b) else torch.from_numpy(b) for b in batch]
+        return [b if _torch.is_tensor(b) else _to_tensor(torch, b) for b in batch]
+
+
+def _to_tensor(torch: Any, b: np.ndarray) -> Any:
+    """A gathered numpy column as default_collate would make it: a tensor (in native byte
+    order), or for strings, bytes and objects whatever default_collate makes of the rows."""
+    if b.dtype.kind in "USOVMm":
+        from conveyor.collate import default_collate
+
+        return default_collate(list(b))
+    if not b.dtype.isnative:
+        b = b.astype(b.dtype.newbyteorder("="))
+    return torch.from_numpy(b)
 
 
 def _take_all(arrays: tuple[Any, ...], indices: Sequence[int] | np.ndarray) -> list[Any]:
