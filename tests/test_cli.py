@@ -95,6 +95,21 @@ def test_tune_names_a_missing_factory(tmp_path: Path) -> None:
     assert out.returncode != 0 and "cannot import 'nosuchmodule_xyz'" in out.stderr
 
 
+@pytest.mark.parametrize(("args", "says"), [
+    (["--batches", "1"], "--batches must be at least 2"),
+    (["--batch-size", "0"], "--batch-size must be a positive integer"),
+    (["--step-ms", "-5"], "--step-ms must not be negative"),
+])
+def test_tune_refuses_bad_numbers_plainly(args: list[str], says: str) -> None:
+    with pytest.raises(SystemExit, match=says):
+        cli.main(["tune", "json:loads", "--batch-size", "4", *args])
+
+
+def test_tune_says_when_the_factory_gives_no_dataset() -> None:
+    with pytest.raises(SystemExit, match=r"builtins:int\(\) returned a int, not a dataset"):
+        cli.main(["tune", "builtins:int", "--batch-size", "4"])
+
+
 def test_builtin_data_is_deterministic_and_seed_shaped() -> None:
     x1, y1 = cli.make_diabetes()
     x2, y2 = cli.make_diabetes()

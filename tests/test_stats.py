@@ -58,6 +58,23 @@ def test_report_bottleneck_beyond_the_cores_says_so() -> None:
     assert "10 workers would hide it, but only 2 cores" in text
 
 
+def test_report_never_suggests_fewer_workers_than_it_has() -> None:
+    # 2 workers on 2 cores (1 free for workers): more cores are not to be had; the advice is
+    # about the samples, not num_workers=1
+    text = report(snap(run(2, batch_s=0.1, step_s=0.01), 2), cores=1)
+    assert "10 workers would hide it, but the 2 workers already use every core free for workers (1 core)" in text
+    assert "num_workers=1" not in text
+    # a loop that takes next to no time: no count of workers would "hide" loading
+    text = report(snap(run(2, batch_s=0.1, step_s=0.00001), 2), cores=1)
+    assert "takes (almost) no time between batches" in text and "workers would hide" not in text
+
+
+def test_report_slow_first_batch_without_workers_is_not_worker_start_up() -> None:
+    s = snap(run(0, batch_s=0.0002, step_s=0.01), 0, first_batch_s=1.5)
+    text = report(s, cores=8)
+    assert "first batch took 1.5 s: one-time costs" in text and "persistent_workers" not in text
+
+
 def test_report_io_bound_suggests_fetch_threads() -> None:
     text = report(snap(run(1, batch_s=0.05, step_s=0.01, cpu=0.002), 1), cores=8)
     assert "bottleneck" in text and "fetch_threads=5" in text

@@ -310,7 +310,16 @@ def _progress(total: int) -> Any:
 def tune(args: argparse.Namespace) -> int:
     from .loader import DataLoader
 
+    if args.batches < 2:
+        raise SystemExit("conveyor tune: --batches must be at least 2 (the first batch is timed on its own)")
+    if args.batch_size < 1:
+        raise SystemExit(f"conveyor tune: --batch-size must be a positive integer, got {args.batch_size}")
+    if args.step_ms < 0:
+        raise SystemExit(f"conveyor tune: --step-ms must not be negative, got {args.step_ms:g}")
     dataset = _load_factory(args.factory)()
+    if not (hasattr(dataset, "__getitem__") or hasattr(dataset, "__iter__")):
+        raise SystemExit(f"conveyor tune: {args.factory}() returned a {type(dataset).__name__}, not a dataset "
+                         "(an object with __getitem__ and __len__, or an iterable)")
     if args.output != "numpy":
         _torch.get()  # import torch now, not inside the first setting's timing
     step = args.step_ms / 1e3
@@ -331,6 +340,7 @@ def tune(args: argparse.Namespace) -> int:
             loader = DataLoader(dataset, batch_size=args.batch_size, num_workers=w, fetch_threads=t, **extra)
             done = samples = 0
             first: float | None = None
+            last = 0.0
             t0 = time.perf_counter()
             try:
                 while done < args.batches:
@@ -345,15 +355,16 @@ def tune(args: argparse.Namespace) -> int:
                             bar.update(1)
                         if step:
                             time.sleep(step)
+                        last = time.perf_counter() - t0
                         if done >= args.batches:
                             break
                     if not progressed:
                         raise SystemExit("conveyor tune: the dataset gave no batches")
             finally:
                 loader.close()
-            seconds = time.perf_counter() - t0
+            seconds = last  # to the last batch's step: closing the loader is not loading
             # steady state: from the first batch on (start-up is its own column)
-            steady = max(1e-9, seconds - (first or 0.0))
+            steady = max(1e-9, last - (first or 0.0))
             n = max(1, done - 1)
             rows.append({"workers": w, "threads": t, "seconds": seconds, "batches_s": n / steady,
                          "samples_s": n * (samples / max(1, done)) / steady, "first_ms": (first or 0.0) * 1e3})

@@ -75,6 +75,10 @@ def _workers(n: int) -> str:
     return "1 worker" if n == 1 else f"{n} workers"
 
 
+def _cores(n: int) -> str:
+    return "1 core" if n == 1 else f"{n} cores"
+
+
 def _pct(x: float) -> str:
     return f"{round(x * 100)}%"
 
@@ -105,8 +109,10 @@ def report(snap: dict[str, Any], cores: int | None = None) -> str:
                      "less than handing a batch over from a worker costs: num_workers=0 is right")
     elif wf >= BOTTLENECK:
         head = f"loading is the bottleneck: {_pct(wf)} of each step is spent waiting"
-        if need is None:
-            parts.append(f"{head}; the training loop takes no time between batches, so loading sets the pace")
+        if need is None or need > 16 * max(cores, nw, 1):
+            more = f" (up to num_workers={cores} can help)" if nw < cores else ""
+            parts.append(f"{head}; the training loop takes (almost) no time between batches, so loading sets "
+                         f"the pace{more}")
         elif io_bound:
             per = max(1, nw)
             parts.append(f"{head}; fetches mostly wait on storage (CPU {_pct(ratio or 0)} of their time): "
@@ -114,8 +120,12 @@ def report(snap: dict[str, Any], cores: int | None = None) -> str:
         elif need > nw:
             if need <= cores:
                 parts.append(f"{head}; {_workers(need)} would hide it")
+            elif nw >= cores:
+                parts.append(f"{head}; {_workers(need)} would hide it, but the {_workers(nw)} already use every core free "
+                             f"for workers ({_cores(cores)}): make each sample cheaper, or use fetch_threads if "
+                             "fetches wait on storage")
             else:
-                parts.append(f"{head}; {_workers(need)} would hide it, but only {cores} cores are free for "
+                parts.append(f"{head}; {_workers(need)} would hide it, but only {_cores(cores)} free for "
                              f"workers: use num_workers={cores}, and fetch_threads if fetches wait on storage, "
                              "or make each sample cheaper")
         else:
@@ -149,8 +159,12 @@ def report(snap: dict[str, Any], cores: int | None = None) -> str:
     first_s = snap.get("first_batch_s")
     step = snap.get("step_per_batch_s") or 0.0
     if first_s is not None and first_s > 1.0 and first_s > 20 * max(step, mean):
-        parts.append(f"the first batch took {first_s:.1f} s (worker start-up); persistent_workers=True pays "
-                     "it once instead of every epoch")
+        if nw > 0:
+            parts.append(f"the first batch took {first_s:.1f} s (worker start-up); persistent_workers=True pays "
+                         "it once instead of every epoch")
+        else:
+            parts.append(f"the first batch took {first_s:.1f} s: one-time costs of the first samples "
+                         "(opening files, first imports), paid once")
     return ". ".join(p[0].upper() + p[1:] if i else p for i, p in enumerate(parts)) + "."
 
 
