@@ -99,31 +99,16 @@ class _StrFails(Exception):
         raise RuntimeError("no str")
 
 
-class _Raises(tud.Dataset):
-    def __init__(self, how: str) -> None:
-        self.how = how
-
-    def __len__(self) -> int:
-        return 12
-
-    def __getitem__(self, i: int) -> torch.Tensor:
-        if i == 5:
-            if self.how == "exit":
-                sys.exit(3)
-            raise _StrFails()
-        return torch.tensor([i])
-
-
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize(("kind", "how", "expected"), [
-    ("thread", "exit", SystemExit),  # as num_workers=0 would: the program is asked to exit
+    ("thread", "sys.exit", SystemExit),  # as num_workers=0 would: the program is asked to exit
     ("thread", "str", _StrFails),
     ("process", "str", _StrFails),
 ])
 def test_odd_exceptions_reach_the_loop(kind: str, how: str, expected: type[BaseException]) -> None:
     # a thread worker used to die silently on these (and the loop wait forever); a process
     # worker died formatting one whose __str__ fails
-    loader = conveyor.DataLoader(_Raises(how), batch_size=2, max_worker_restarts=0, **KINDS[kind])
+    loader = conveyor.DataLoader(_Exits(how), batch_size=2, max_worker_restarts=0, **KINDS[kind])
     with pytest.raises(expected):
         drain(loader)
 
@@ -155,6 +140,8 @@ class _Exits(tud.Dataset):
         if i == 5:
             if self.how == "sys.exit":
                 sys.exit()
+            if self.how == "str":
+                raise _StrFails()
             os._exit(1)
         return torch.tensor([i])
 
