@@ -16,6 +16,7 @@ from torch.utils.data._utils import collate as torch_collate
 
 import conveyor
 from conveyor._tree import tree_map
+from test_collate import ReadOnlyMap
 
 SETTINGS = [{"num_workers": 0}, {"num_workers": 2, "adaptive": False},
             {"num_workers": 2, "worker_type": "thread", "adaptive": False}]
@@ -63,22 +64,11 @@ def test_containers_keep_their_type_and_attributes(kw: dict[str, Any]) -> None:
         assert type(b["od"]) is collections.OrderedDict and list(b["od"]) == ["b", "a"]
 
 
-def test_tree_map_rebuilds_what_it_cannot_copy_as_plain_containers() -> None:
-    class Frozen(collections.abc.Mapping):  # type: ignore[type-arg]
-        def __init__(self, d: dict[str, Any]) -> None:
-            self._d = dict(d)
-
-        def __getitem__(self, k: str) -> Any:
-            return self._d[k]
-
-        def __iter__(self) -> Any:
-            return iter(self._d)
-
-        def __len__(self) -> int:
-            return len(self._d)
-
-    out = tree_map(lambda x: x * 2, Frozen({"a": 1}))
-    assert type(out) is Frozen and out["a"] == 2  # rebuilt from its items
+def test_tree_map_keeps_other_mappings_when_it_can() -> None:
+    out = tree_map(lambda x: x * 2, collections.UserDict(a=1))
+    assert type(out) is collections.UserDict and out["a"] == 2  # made from the new items
+    out = tree_map(lambda x: x * 2, ReadOnlyMap(("a", 1)))
+    assert type(out) is dict and out == {"a": 2}  # its constructor refuses them: a plain dict
 
 
 class Tensors(tud.Dataset):

@@ -60,18 +60,20 @@ def tree_map(fn: Callable[[Any], Any], tree: Any) -> Any:
 
 # Containers of other types (OrderedDict, defaultdict, a dict subclass with attributes,
 # torch.Size, a list subclass) come back as what they were: a copy of the original (its
-# type and attributes) holding the new values, as pickling them would give. Those that
-# cannot be copied so fall back to the plain container.
+# type and attributes) holding the new values, as pickling them would give; other
+# Mappings are made from the new items. Those that cannot be fall back to the plain
+# container.
 
 def _same_mapping(tree: Any, items: dict[Any, Any]) -> Any:
-    try:
-        clone = copy.copy(tree)
-        for k, v in items.items():
-            clone[k] = v
-        return clone
-    except Exception:
-        pass
-    try:
+    if isinstance(tree, dict):  # a copy of a dict subclass has storage of its own
+        try:
+            clone = copy.copy(tree)
+            for k, v in items.items():
+                clone[k] = v
+            return clone
+        except Exception:
+            pass
+    try:  # another Mapping: a shallow copy might share the original's storage
         return type(tree)(items)
     except Exception:
         return items
