@@ -116,3 +116,16 @@ def test_a_users_entry_in_torchs_collate_table_is_used(kw: dict[str, Any]) -> No
     finally:
         table[torch.Tensor] = saved
     assert shapes == [(2, 2), (2, 4)]
+
+
+class Pair(tuple):  # type: ignore[type-arg]
+    """A tuple subclass whose constructor takes its items one by one."""
+
+    def __new__(cls, a: Any, b: Any) -> Pair:
+        return super().__new__(cls, (a, b))
+
+
+def test_tuple_subclasses_keep_their_items_whatever_their_constructor() -> None:
+    out = tree_map(lambda x: x + 10, Pair(1, 2))
+    assert type(out) is Pair and tuple(out) == (11, 12)
+    assert type(tree_map(lambda x: x, torch.Size([3, 4]))) is torch.Size

@@ -10,6 +10,7 @@ import sys
 import textwrap
 import time
 import traceback
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -92,6 +93,16 @@ def test_exceptions_raised_in_this_process_are_raised_as_themselves(kind: str) -
         drain(loader)
     assert [f.name for f in traceback.extract_tb(info.value.__traceback__)][-1] == "__getitem__"
     assert "[4, 5]" in " ".join(info.value.__notes__)
+
+
+@pytest.mark.timeout(60)
+def test_a_failing_worker_init_is_noted_once_however_often_raised() -> None:
+    loader = conveyor.DataLoader(Squares(), batch_size=2, worker_init_fn=_init_raises, **KINDS["thread"])
+    for _ in range(3):
+        with pytest.raises(KeyError) as info:
+            next(iter(loader))
+    assert len(info.value.__notes__) == 1
+    loader.close()
 
 
 class _StrFails(Exception):
@@ -273,6 +284,14 @@ def test_a_fraction_weighs_the_batch_it_arrives_in(kind: str) -> None:
                                  **KINDS[kind])
     with pytest.raises(conveyor.TooManyFailures, match="2 of 10 samples"):
         drain(loader)
+    # 7 of 100 is 7%, exactly what 0.07 allows (0.07 * 100 is 7.000000000000001 in floats)
+    loader = conveyor.DataLoader(Failing(100, set(range(7))), batch_size=100, on_error="skip", max_failures=0.07,
+                                 **KINDS[kind])
+    assert sum(len(b) for b in drain(loader)) == 93
+    loader = conveyor.DataLoader(Failing(100, set(range(8))), batch_size=100, on_error="skip", max_failures=0.07,
+                                 **KINDS[kind])
+    with pytest.raises(conveyor.TooManyFailures, match="8 of 100"):
+        drain(loader)
 
 
 @pytest.mark.timeout(60)
@@ -415,6 +434,22 @@ class _SurvivingIterator:
         if i in self.ds.bad:
             raise ValueError(f"bad item {i}")
         return torch.tensor([i])
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("batch_size", [2, 3])
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_skip_in_a_stream_fills_its_batches(batch_size: int, drop_last: bool) -> None:
+    # a batch goes on pulling items past its failures; only the stream's end ends the stream
+    loader = conveyor.DataLoader(_Survives(10, {4, 5}, generator=False), batch_size=batch_size,
+                                 drop_last=drop_last, on_error="skip", max_failures=5)
+    good = [i for i in range(10) if i not in (4, 5)]
+    expected = [good[k:k + batch_size] for k in range(0, len(good), batch_size)]
+    if drop_last:
+        expected = [b for b in expected if len(b) == batch_size]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the stream really ended: nothing to warn of
+        assert [b.flatten().tolist() for b in drain(loader)] == expected
 
 
 @pytest.mark.timeout(60)

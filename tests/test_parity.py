@@ -224,6 +224,20 @@ def test_order_is_drawn_when_torch_draws_it(workers: int, use_gen: bool) -> None
     same_epochs(out[1], out[0])
 
 
+@pytest.mark.parametrize("module", [tud, conveyor])
+def test_set_epoch_between_iter_and_the_first_batch_counts(module: Any) -> None:
+    # torch's BatchSampler leaves a sampler alone until the first batch: a DistributedSampler's
+    # set_epoch() after iter() still applies (the usual loop calls it before iter(), but not all)
+    out = []
+    for cls in (tud.DataLoader, conveyor.DataLoader):
+        sampler = module.DistributedSampler(Squares(16), num_replicas=2, rank=0, shuffle=True, seed=3)
+        loader = cls(Squares(16), batch_size=4, sampler=sampler)
+        it = iter(loader)
+        sampler.set_epoch(1)
+        out.append(list(it))
+    same_epochs(out[1], out[0])
+
+
 @pytest.mark.timeout(30)
 def test_two_iterators_sharing_a_generator_draw_as_torchs_do() -> None:
     # each iterator draws its seed and its first batches' order from the shared generator as

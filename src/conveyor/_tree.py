@@ -92,7 +92,12 @@ def _same_tuple(tree: Any, values: list[Any]) -> Any:
     try:
         clone = type(tree)(values)
     except Exception:
-        return tuple(values)
+        clone = None
+    if clone is None or len(clone) != len(values) or any(a is not b for a, b in zip(clone, values)):
+        try:  # a constructor that takes the items one by one (or does more): build it bare
+            clone = tuple.__new__(type(tree), values)
+        except Exception:
+            return tuple(values)
     state = getattr(tree, "__dict__", None)
     if state:
         try:

@@ -128,8 +128,10 @@ def rebuild(failure: Failure) -> BaseException:
                 f"{failure.where} {_describe_indices(failure.indices)}.")
     exc: BaseException | None = failure.original
     if exc is not None:
-        # raised in this process: the exception itself, its own traceback and cause
-        exc.add_note(note)
+        # raised in this process: the exception itself, its own traceback and cause (the same
+        # object may be raised for several batches: one note)
+        if note not in getattr(exc, "__notes__", ()):
+            exc.add_note(note)
         _tag(exc, failure)
         return exc
     if failure.payload is not None:

@@ -18,6 +18,7 @@ import collections
 import dataclasses
 import itertools
 import math
+import operator
 import os
 import sys
 import time
@@ -215,8 +216,13 @@ class DataLoader(Generic[T]):
         if num_workers > 0 and prefetch_factor is None:
             prefetch_factor = 2
         elif prefetch_factor is not None:
-            if not isinstance(prefetch_factor, int) or isinstance(prefetch_factor, bool):
+            if isinstance(prefetch_factor, bool):
                 raise TypeError(f"prefetch_factor option should be an int, but got prefetch_factor={prefetch_factor!r}")
+            try:
+                prefetch_factor = operator.index(prefetch_factor)  # numpy integers too
+            except TypeError:
+                raise TypeError(f"prefetch_factor option should be an int, but got "
+                                f"prefetch_factor={prefetch_factor!r}") from None
             if prefetch_factor <= 0:
                 # torch accepts 0 here and then fails an assertion when iterated
                 raise ValueError(f"prefetch_factor option should be positive, but got prefetch_factor={prefetch_factor}")
@@ -391,12 +397,12 @@ class DataLoader(Generic[T]):
     def __iter__(self) -> Iterator[T]:
         if self._closed:
             raise RuntimeError("this DataLoader is closed")
-        epoch, skip, base_seed, done = self._epoch, 0, None, []
+        epoch, skip, base_seed, done, replicas = self._epoch, 0, None, [], None
         persistent = self.persistent_workers and self.num_workers > 0
         if self._resume is not None:
             resume, self._resume = self._resume, None
             epoch, skip, base_seed = resume["epoch"], resume["batches"], resume.get("base_seed")
-            done = resume.get("done") or []
+            done, replicas = resume.get("done") or [], resume.get("replicas")
             if resume["finished"]:
                 # the saved epoch had ended: replay its draws (no fetching) and go on to the next
                 if self._own_sampler and self.seed is not None and hasattr(self.sampler, "set_epoch"):
@@ -404,7 +410,7 @@ class DataLoader(Generic[T]):
                 if not self._iterable and resume["replay"]:
                     for _ in self._index_sampler:
                         pass
-                epoch, skip, done = epoch + 1, 0, []
+                epoch, skip, done, replicas = epoch + 1, 0, [], None
                 if not persistent:
                     base_seed = None  # torch draws a new one for every iterator
         self._epoch = epoch + 1
@@ -420,7 +426,8 @@ class DataLoader(Generic[T]):
         else:
             seed = base_seed if base_seed is not None else self._draw_base_seed(epoch)
             pool = self._inline_pool(seed)
-        run = _Run(self, pool, epoch, skip, owns_pool=not persistent and pool is not self._inline, done=done)
+        run = _Run(self, pool, epoch, skip, owns_pool=not persistent and pool is not self._inline, done=done,
+                   replicas=replicas)
         self._runs.add(run)
         self._last_ref = weakref.ref(run)
         self._last_pool = pool  # closed with its run; kept for stats()
@@ -549,8 +556,9 @@ class DataLoader(Generic[T]):
                 state.update(epoch=where["epoch"] + 1, batches=0, replay=True)
             else:
                 state.update(epoch=where["epoch"], batches=where["batches"], replay=False)
-                if where.get("done"):
-                    state["done"] = where["done"]
+                for key in ("done", "replicas"):
+                    if where.get(key):
+                        state[key] = where[key]
             state.update(base_seed=where["base_seed"], sampler=self._sampler_state())
             gstate = where["generator"]
         if gstate is not None:
@@ -604,9 +612,13 @@ class DataLoader(Generic[T]):
         done = state.get("done") or []
         if not isinstance(done, list) or not all(isinstance(p, int) and p > int(state["batches"]) for p in done):
             raise ValueError(f"state['done'] should list batch positions after state['batches'], got {done!r:.200}")
+        replicas = state.get("replicas")
+        if replicas is not None and not (isinstance(replicas, list) and all(
+                isinstance(c, int) and c >= 0 for c in replicas) and sum(replicas) == int(state["batches"])):
+            raise ValueError(f"state['replicas'] should count the batches of each replica, got {replicas!r:.200}")
         self._resume = {"epoch": int(state["epoch"]) - replay, "batches": int(state["batches"]),
                         "base_seed": state.get("base_seed"), "finished": replay,
-                        "replay": sampler_state is not None, "done": done}
+                        "replay": sampler_state is not None, "done": done, "replicas": replicas}
         self._loaded = dict(state)
         self._epoch = int(state["epoch"])
 
@@ -1170,7 +1182,7 @@ class _Run(Generic[T]):
     """One pass over the data: what ``iter(loader)`` returns."""
 
     def __init__(self, loader: DataLoader[T], pool: _Pool, epoch: int, skip: int, *, owns_pool: bool,
-                 done: Iterable[int] = ()) -> None:
+                 done: Iterable[int] = (), replicas: Iterable[int] | None = None) -> None:
         self.loader = loader
         self.pool = pool
         self.epoch = epoch
@@ -1185,20 +1197,29 @@ class _Run(Generic[T]):
         # and ``ahead`` beyond it. Tracked when batches may arrive out of order, or when a
         # resumed epoch must leave out batches an out-of-order run had already handed out.
         iterable = loader._iterable
-        self.ahead: set[int] = {p for p in done if p > skip}
+        # Map-style: the positions (batch numbers in the epoch) handed out or skipped whole:
+        # all below ``prefix``, and ``ahead`` beyond it (batches handed out of order, or left
+        # out of a resumed epoch because an out-of-order run had handed them out).
+        self.ahead: set[int] = set() if iterable else {p for p in done if p > skip}
         self.prefix = skip
-        self.track = not loader.in_order or bool(self.ahead)
         self.positions: list[int] | None = None  # position of each batch of this run, when some are left out
-        self.out_seq = -1  # seq of the batch being handed out (read when tracking)
+        self.out_seq = -1  # seq of the batch being handed out
+        self.out_worker = -1  # and of the replica it came from (streams)
         self.bulk_seq = 0  # seq of the next batch in ``ready``
-        # A stream cannot seek: resuming an iterable dataset mid-epoch makes the batches the
-        # user had received again and drops them (exact when the stream is deterministic).
-        # A map-style epoch leaves them out of its sampler's batches instead.
-        self.drop_below = skip if iterable else 0
-        self.drop = set(self.ahead) if iterable else set()
-        self.dropping = self.drop_below + len(self.drop)  # batches still to drop
-        self.first_pos = 0 if iterable else skip  # position of this run's first batch
-        self.broke: set[int] = set()  # replicas of a stream whose last item raised
+        # A stream cannot seek: its position is how many batches each replica had handed out,
+        # and a resumed epoch makes those again and drops them (exact when each replica's
+        # stream is deterministic; replicas are handed out in order, whatever ``in_order``).
+        self.replicas_done = [0] * max(1, loader.num_workers) if iterable else []
+        self.drop_counts: list[int] = []
+        if iterable and skip:
+            counts = list(replicas or ())
+            # another worker count shards the stream otherwise: then drop the first ``skip``
+            self.drop_counts = counts if len(counts) == len(self.replicas_done) else []
+            if self.drop_counts:
+                self.replicas_done = [0] * len(counts)
+        self.drop_any = skip if iterable and skip and not self.drop_counts else 0
+        self.dropping = self.drop_any + sum(self.drop_counts)  # batches still to drop
+        self.prefix_base = skip  # position of this run's first batch (map-style, none left out)
         self.slices = _Slices.of(loader, skip) if pool.spec.gather and not self.ahead else None
         self.ready: collections.deque[Any] = collections.deque()  # batches of one bulk gather
         # torch's iterator with workers takes its first prefetch_factor * num_workers batches of
@@ -1246,9 +1267,9 @@ class _Run(Generic[T]):
                 yield b
 
     def _handed(self, seq: int) -> None:
-        """The batch of ``seq`` reached the user: advance the position the state will name."""
+        """The batch of ``seq`` reached the user, or was skipped whole: advance the position."""
         k = seq - self.first_seq
-        pos = self.positions[k] if self.positions is not None else self.first_pos + k
+        pos = self.positions[k] if self.positions is not None else self.prefix_base + k
         if pos != self.prefix:
             self.ahead.add(pos)
             return
@@ -1267,10 +1288,13 @@ class _Run(Generic[T]):
 
     def __next__(self) -> T:
         ready = self.ready
-        if ready and self.pin is None and not self.track:
-            # batches already gathered in bulk: hand one out with the least bookkeeping
+        if ready and self.pin is None:
+            # batches already gathered in bulk (map-style, in order): hand one out with the
+            # least bookkeeping
             batch, size = ready.popleft()
             self.yielded += 1
+            self.prefix += 1
+            self.bulk_seq += 1
             self.stats.handed_now(size)
             return batch  # type: ignore[no-any-return]
         if self.finished:
@@ -1278,17 +1302,23 @@ class _Run(Generic[T]):
         asked = time.perf_counter()
         try:
             batch, size = self._next()
-            while self.dropping:  # a resumed stream's batches the user had received (see ``drop``)
-                pos = self.out_seq - self.first_seq
-                if pos >= self.drop_below and pos not in self.drop:
-                    break
-                self.drop.discard(pos)
+            while self.dropping:  # a resumed stream's batches the user had received (see ``drop_counts``)
+                w = max(self.out_worker, 0)
+                if self.drop_counts:
+                    if not self.drop_counts[w]:
+                        break
+                    self.drop_counts[w] -= 1
+                    self.replicas_done[w] += 1
+                else:
+                    self.drop_any -= 1
                 self.dropping -= 1
                 batch, size = self._next()
         except StopIteration:
             self._finish()
             raise
-        if self.track:
+        if self.replicas_done:
+            self.replicas_done[max(self.out_worker, 0)] += 1
+        else:
             self._handed(self.out_seq)
         self.yielded += 1
         self.stats.handed(asked, time.perf_counter(), size, len(self.reorder))
@@ -1433,6 +1463,7 @@ class _Run(Generic[T]):
     def _take(self, r: Result) -> tuple[Any, int] | None:
         """The user's batch from a result, or None when there is nothing to hand out."""
         self.out_seq = r.seq
+        self.out_worker = r.worker
         if r.start:
             self.stats.result(r.worker, r.start, r.fetched, r.end, cpu=r.cpu, nbytes=r.nbytes, rss=r.rss)
         if r.exhausted:
@@ -1441,7 +1472,7 @@ class _Run(Generic[T]):
                 self.active[w] = False
             if r.skipped:
                 self._count_failures(list(r.skipped), samples=len(r.skipped))
-            if r.skipped or w in self.broke:
+            if r.exhausted == 2:
                 warnings.warn(
                     f"conveyor: the stream of {'the main process' if r.worker < 0 else f'worker {w}'} ended right "
                     "after an item raised (on_error='skip'): a generator is over once it has raised, so the "
@@ -1449,15 +1480,12 @@ class _Run(Generic[T]):
                     "__iter__, or give the iterator a __next__ that can be called again after raising.",
                     RuntimeWarning, stacklevel=4)
             return None
-        if self.loader._iterable:  # whose stream has just left out a failing item (see above)
-            if r.skipped or r.failure is not None:
-                self.broke.add(max(r.worker, 0))
-            else:
-                self.broke.discard(max(r.worker, 0))
         loader = self.loader
         if r.failure is not None:
             if loader.on_error == "skip" and r.failure.where == "fetching":
                 self._count_failures([r.failure], samples=len(r.failure.indices or []) or 1)
+                if not self.replicas_done:
+                    self._handed(r.seq)  # skipped whole: its position is done with
                 return None
             raise rebuild(r.failure)
         n = _batch_size(self.loader, r)
@@ -1468,6 +1496,8 @@ class _Run(Generic[T]):
         else:
             self.samples_seen += n
         if r.empty:
+            if not self.replicas_done:
+                self._handed(r.seq)
             return None
         batch = r.batch if r.worker < 0 else self.ex.decode(r)
         if self.to_numpy:
@@ -1485,7 +1515,7 @@ class _Run(Generic[T]):
         seen = max(1, self.samples_seen)
         # a fraction allows that share of the samples seen so far, rounded up: one bad sample
         # early on is not yet a rate
-        over = self.failed > (limit if isinstance(limit, int) else math.ceil(limit * seen))
+        over = self.failed > (limit if isinstance(limit, int) else math.ceil(limit * seen - 1e-9))
         if over:
             first = self.stats.failures[0] if self.stats.failures else failures[0]
             kinds: dict[str, int] = {}
@@ -1622,11 +1652,14 @@ class _Run(Generic[T]):
     # -- endings ------------------------------------------------------------
     def where(self) -> dict[str, Any]:
         """This run's position, for the loader's state_dict."""
-        where = {"epoch": self.epoch, "batches": self.prefix if self.track else self.yielded,
-                 "finished": self.finished and self.exhausted, "base_seed": self.base_seed,
-                 "generator": self.generator_state}
-        if self.track and self.ahead:
-            where["done"] = sorted(self.ahead)  # received out of order, beyond ``batches``
+        where: dict[str, Any] = {
+            "epoch": self.epoch, "batches": self.yielded if self.replicas_done else self.prefix,
+            "finished": self.finished and self.exhausted, "base_seed": self.base_seed,
+            "generator": self.generator_state}
+        if self.ahead:
+            where["done"] = sorted(self.ahead)  # handed out of order, beyond ``batches``
+        if self.replicas_done:
+            where["replicas"] = list(self.replicas_done)  # batches each replica of the stream handed out
         return where
 
     def _finish(self) -> None:

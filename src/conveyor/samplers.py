@@ -613,9 +613,16 @@ class BatchSampler(Sampler[list[int]]):
         self.drop_last = drop_last
 
     def __iter__(self) -> Iterator[list[int]]:
-        # the sampler's iterator is made now, not at the first batch: a sampler that takes
-        # its epoch when iterated (seed mode) keeps the one this iterator was made for
-        return self._batches(iter(self.sampler))
+        # conveyor's shuffling samplers are iterated now, not at the first batch: in seed mode
+        # they take their epoch then (this iterator keeps it); in torch mode nothing is drawn
+        # yet. Others stay untouched until the first batch, as torch's BatchSampler leaves
+        # them (a set_epoch() in between still counts).
+        if isinstance(self.sampler, _Random):
+            return self._batches(iter(self.sampler))
+        return self._lazy()
+
+    def _lazy(self) -> Iterator[list[int]]:
+        yield from self._batches(iter(self.sampler))
 
     def _batches(self, items: Iterator[int]) -> Iterator[list[int]]:
         size = self.batch_size

@@ -39,7 +39,7 @@ class Result:
     worker: int
     batch: Any = None
     failure: Failure | None = None
-    exhausted: bool = False  # an iterable dataset's replica ran out
+    exhausted: int = 0  # an iterable dataset's replica ran out (2: right after an item raised)
     empty: bool = False  # every sample of the batch was skipped
     skipped: tuple[Failure, ...] = ()
     start: float = 0.0

@@ -170,6 +170,7 @@ class Fetcher:
         self.iterator: Any = None
         self.iter_epoch: int | None = None
         self.exhausted = False
+        self.died = False  # the stream ended right after an item raised
         self.has_getitems = hasattr(spec.dataset, "__getitems__") and not spec.iterable
         self.gather = getattr(spec.dataset, "gather", None) if spec.gather else None
         # threads of one process share the global RNGs: seeding must hold a lock
@@ -320,15 +321,21 @@ class Fetcher:
             self.iterator = iter(self.dataset)
             self.iter_epoch = task.epoch
             self.exhausted = False
+            self.died = False
         if self.exhausted:
             raise StopIteration
         spec = self.spec
         if not spec.auto_collation:
             try:
-                return next(self.iterator)
+                item = next(self.iterator)
             except StopIteration:
                 self.exhausted = True
                 raise
+            except Exception:
+                self.died = True  # until an item comes: a StopIteration next says the stream died
+                raise
+            self.died = False
+            return item
         assert spec.batch_size is not None
         out: list[Any] = []
         it = self.iterator
@@ -339,16 +346,23 @@ class Fetcher:
             except StopIteration:
                 self.exhausted = True
         else:
-            # an item that raises is left out and the stream asked for the next one (an
-            # iterator that survives goes on; a generator is over once it has raised)
-            for _ in range(spec.batch_size):
+            # an item that raises is left out and the stream asked for the next one, until the
+            # batch is full (an iterator that survives goes on; a generator is over once it
+            # has raised). A run of failures that long ends the batch as it is.
+            failed = 0
+            while len(out) < spec.batch_size and failed < max(64, spec.batch_size):
                 try:
                     out.append(next(it))
+                    failed = 0
                 except StopIteration:
                     self.exhausted = True
+                    self.died = failed > 0  # ended right after an item raised: a generator's end
                     break
                 except Exception as exc:
                     skipped.append(capture(exc, self.worker_id, None))
+                    failed += 1
+            if not out and not self.exhausted:
+                return out  # nothing but failures: an empty batch, the stream goes on
         if not out or (spec.drop_last and len(out) < spec.batch_size):
             self.exhausted = True
             raise StopIteration
@@ -369,7 +383,7 @@ class Fetcher:
                 try:
                     data = self._fetch_iter(task, skipped)
                 except StopIteration:
-                    return Result(task.seq, self._wid(), exhausted=True, skipped=tuple(skipped),
+                    return Result(task.seq, self._wid(), exhausted=2 if self.died else 1, skipped=tuple(skipped),
                                   start=start, end=time.perf_counter())
                 done = False
             else:
@@ -445,12 +459,12 @@ def serve(spec: WorkerSpec, worker_id: int, gen: int, tasks: Any, results: Any,
     parent = ParentWatch(parent_pid)
 
     def cleanup() -> None:
-        if pool is not None:
-            pool.close()
         try:
             os.unlink(stack_at)
         except OSError:
             pass
+        if pool is not None:
+            pool.close()  # the main thread may be using it: the last thing done before exiting
 
     _watchdog(parent, cleanup)
     try:
