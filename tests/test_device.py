@@ -562,3 +562,35 @@ def test_cuda_prefetcher_reraises_and_keeps_state() -> None:
         it = iter(pf)
         next(it), next(it)
         assert pf.state_dict()["batches"] == 2
+
+
+def test_two_live_iterators_with_device_stay_independent() -> None:
+    # without persistent workers two iterators of one loader are independent, as torch's
+    loader = DataLoader(list(range(20)), batch_size=4, device="cpu")
+    pairs = list(zip(loader, loader))
+    assert [(a.tolist(), b.tolist()) for a, b in pairs] == [([4 * i + j for j in range(4)],) * 2 for i in range(5)]
+    loader.close()
+
+
+def test_load_state_dict_with_device_refuses_a_running_iterator_and_keeps_it() -> None:
+    loader = DataLoader(list(range(20)), batch_size=2, device="cpu")
+    it = iter(loader)
+    head = [next(it).tolist() for _ in range(2)]
+    with pytest.raises(ValueError):
+        loader.load_state_dict({"version": 99})
+    with pytest.raises(RuntimeError, match="running"):
+        loader.load_state_dict(loader.state_dict())
+    assert head + [b.tolist() for b in it] == [[2 * i, 2 * i + 1] for i in range(10)]
+    loader.close()
+
+
+@pytest.mark.timeout(60)
+def test_prefetcher_leaves_torchs_persistent_workers_alone() -> None:
+    # the end of an epoch is the loader's own: shutting a torch iterator's persistent
+    # workers down broke every epoch after the first
+    tl = torch.utils.data.DataLoader(list(range(12)), batch_size=4, num_workers=2, persistent_workers=True)
+    pf = DevicePrefetcher(tl, "cpu")
+    epochs = [[b.tolist() for b in pf] for _ in range(3)]
+    assert epochs == [[[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11]]] * 3
+    assert [b.tolist() for b in tl][0] == [0, 1, 2, 3]
+    pf.close()

@@ -100,3 +100,16 @@ def test_close_stops_every_thread_and_cancel_drops_queued_items() -> None:
     assert len(ran) <= 6, f"queued items should be dropped, {len(ran)} ran"
     with pytest.raises(RuntimeError, match="closed"):
         batch.results()
+
+
+def test_a_pool_nobody_holds_ends_its_threads() -> None:
+    import gc
+
+    pool = FetchPool(3, name="conveyor-test-orphan")
+    assert pool.map(lambda x: x + 1, [1, 2]) == [2, 3]
+    del pool
+    gc.collect()
+    deadline = time.monotonic() + 5
+    while any(t.name.startswith("conveyor-test-orphan") for t in threading.enumerate()) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not any(t.name.startswith("conveyor-test-orphan") for t in threading.enumerate())

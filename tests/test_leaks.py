@@ -21,7 +21,18 @@ from typing import Any
 import pytest
 
 import conveyor
-from helpers import WORKERS, Failing, Images, Snapshot, assert_no_leaks, pid_alive, shm_entries, wait_until
+from helpers import (
+    WORKERS,
+    Failing,
+    Images,
+    Snapshot,
+    Squares,
+    assert_no_leaks,
+    children,
+    pid_alive,
+    shm_entries,
+    wait_until,
+)
 
 
 def make(worker_type: str = "process", **kw: Any) -> conveyor.DataLoader[Any]:
@@ -114,6 +125,40 @@ SCENARIOS: dict[str, Callable[[str], None]] = {
     f.__name__: f for f in (full_iteration, close_mid_epoch, context_manager, del_and_gc, break_then_del,
                             exception_in_loop, keyboard_interrupt, persistent_then_close, worker_exception)
 }
+
+
+class _Trainer:
+    """A user-side reference cycle: trainer -> loader -> collate_fn (a bound method) -> trainer."""
+
+    def __init__(self, **kw: Any) -> None:
+        self.loader = conveyor.DataLoader(Squares(), batch_size=2, collate_fn=self.collate, **kw)
+
+    def collate(self, batch: list[Any]) -> list[Any]:
+        return batch
+
+
+@pytest.mark.timeout(120)
+def test_dropped_persistent_loaders_do_not_pile_up() -> None:
+    # with device= the loader and its device stage used to form a cycle, and any cycle is
+    # kept by the gc.freeze() held for fork workers: each dropped loader kept its workers
+    # until exit. Without a cycle nothing stays; with the user's own cycle, the next pool
+    # to start collects the loaders dropped before it, so at most the last one waits.
+    before = Snapshot.take()
+    for _ in range(3):
+        loader = conveyor.DataLoader(Squares(), batch_size=2, num_workers=2, persistent_workers=True,
+                                     device="cpu", **WORKERS)
+        assert len(list(loader)) > 0
+        del loader
+        assert wait_until(lambda: not children(), 10), f"workers left: {children()}"
+    for _ in range(3):
+        t = _Trainer(num_workers=2, persistent_workers=True, **WORKERS)
+        assert len(list(t.loader)) > 0
+        del t
+        gc.collect()
+        assert len(children()) <= 2, f"workers of dropped loaders pile up: {children()}"
+    gc.unfreeze()
+    gc.collect()
+    assert_no_leaks(before, grace=15)
 
 
 @pytest.mark.timeout(60)

@@ -49,7 +49,7 @@ __all__ = [
     "unregister_pinned",
 ]
 
-_JOIN = 10.0  # seconds close() waits for the loading thread to leave a slow next()
+_JOIN = 2.0  # seconds close() waits for the loading thread to leave a slow next()
 _LIVENESS = 5.0  # seconds between checks that the loading thread still lives
 
 _cuda: bool | None = None
@@ -365,6 +365,10 @@ def _snapshot(state_fn: Callable[[], Any] | None) -> Any:
 
 
 def _close_source(source: Any) -> None:
+    """End an iterator abandoned mid-epoch (its workers, for a loader that has them). A torch
+    iterator with persistent workers is the loader's own, reused every epoch: left alone."""
+    if getattr(source, "_persistent_workers", False):
+        return
     fn = getattr(source, "close", None) or getattr(source, "_shutdown_workers", None)
     if callable(fn):
         try:
@@ -377,11 +381,13 @@ def _load(source: Iterator[Any], shared: _Shared, stage: Callable[[Any], tuple[A
           state_fn: Callable[[], Any] | None) -> None:
     """The loading thread: pull, move, hand over, until the epoch ends or ``stop`` is set."""
     q, stop = shared.queue, shared.stop
+    ended = False
     try:
         while not stop.is_set():
             try:
                 batch = next(source)
             except StopIteration:
+                ended = True  # the iterator finished its epoch itself: nothing to close
                 q.put(_END)
                 return
             if stop.is_set():
@@ -395,7 +401,8 @@ def _load(source: Iterator[Any], shared: _Shared, stage: Callable[[Any], tuple[A
         if not stop.is_set():
             q.put(_Failed(exc))
     finally:
-        _close_source(source)
+        if not ended:
+            _close_source(source)
 
 
 def _drain(q: queue.Queue[Any]) -> None:
@@ -564,7 +571,7 @@ class DevicePrefetcher:
         self.track_state = bool(track_state)
         self._state: Any = None  # snapshot for the consumer's position; None: ask the loader
         self._stream: Any = None
-        self._epoch: weakref.ref[_Epoch] | None = None
+        self._epochs: weakref.WeakSet[_Epoch] = weakref.WeakSet()  # the epochs running
         self._closed = False
 
     # -- iteration ------------------------------------------------------------
@@ -572,8 +579,10 @@ class DevicePrefetcher:
         """A new epoch (the previous one of this prefetcher is closed first)."""
         return self.wrap(iter(self.loader))
 
-    def wrap(self, source: Iterator[Any]) -> _Epoch:
-        """Prefetch from an iterator already made (how ``DataLoader(device=...)`` uses it).
+    def wrap(self, source: Iterator[Any], *, exclusive: bool = True) -> _Epoch:
+        """Prefetch from an iterator already made (how ``DataLoader(device=...)`` uses it);
+        ``exclusive``: close the epochs this prefetcher is running first (else they go on, as
+        two live iterators of a loader without persistent workers do).
 
         >>> [b for b in DevicePrefetcher([], "cpu").wrap(iter([1, 2]))]
         [1, 2]
@@ -581,11 +590,12 @@ class DevicePrefetcher:
         if self._closed:
             _close_source(source)
             raise RuntimeError("this DevicePrefetcher is closed")
-        self._close_epoch()
+        if exclusive:
+            self._close_epoch()
         if self.cuda and self._stream is None:
             self._stream = sys.modules["torch"].cuda.Stream(device=self.device)
         epoch = _Epoch(self, source)
-        self._epoch = weakref.ref(epoch)
+        self._epochs.add(epoch)
         return epoch
 
     def _stage(self, batch: Any) -> tuple[Any, Any, Any]:
@@ -602,10 +612,9 @@ class DevicePrefetcher:
         return out, event, host
 
     def _close_epoch(self) -> None:
-        epoch = self._epoch() if self._epoch is not None else None
-        if epoch is not None:
+        for epoch in list(self._epochs):
             epoch.close()
-        self._epoch = None
+        self._epochs.clear()
 
     # -- what passes through ----------------------------------------------------
     def __len__(self) -> int:

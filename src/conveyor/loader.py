@@ -347,9 +347,17 @@ class DataLoader(Generic[T]):
         if device is not None:
             from .device import DevicePrefetcher, pin
 
+            # weak references back to the loader: a cycle would leave it (and its workers) to
+            # the cycle collector, which a gc.freeze() held for fork workers keeps away
+            me = weakref.ref(self)
+
+            def position() -> Any:
+                loader = me()
+                return loader._position() if loader is not None else None
+
             self._device_stage = DevicePrefetcher(
-                self, device, depth=device_depth, pinner=self._slot_pinner or pin,
-                track_state=True, state_fn=self._position)
+                weakref.proxy(self), device, depth=device_depth, pinner=self._slot_pinner or pin,
+                track_state=True, state_fn=position)
         self._initialized = True
         if num_workers > 0:
             self._check_worker_count()
@@ -433,7 +441,7 @@ class DataLoader(Generic[T]):
         self._last_pool = pool  # closed with its run; kept for stats()
         if self._device_stage is not None:
             run.pin = None  # the device thread pins (and copies) each batch
-            return self._device_stage.wrap(run)
+            return self._device_stage.wrap(run, exclusive=persistent)
         return run
 
     def _inline_pool(self, base_seed: int) -> _Pool:
@@ -581,14 +589,14 @@ class DataLoader(Generic[T]):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from ``state``: the rest of the interrupted epoch, then the same epochs after."""
-        if self._device_stage is not None:
-            self._device_stage.reset()
         if not isinstance(state, dict) or state.get("version") != STATE_VERSION:
             raise ValueError(f"not a conveyor DataLoader state of version {STATE_VERSION}: {state!r:.200}")
         for run in list(self._runs):
             if not run.finished and run.yielded > 0:
                 raise RuntimeError("load_state_dict() while an iterator of this loader is running: finish "
                                    "or abandon the epoch (or create a new loader) before loading a state")
+        if self._device_stage is not None:
+            self._device_stage.reset()  # an epoch begun but not yet handed out: dropped
         n = self._dataset_len()
         if state.get("dataset_len") != n:
             raise ValueError(f"this state was saved for a dataset of length {state.get('dataset_len')}, "
@@ -806,7 +814,10 @@ class _Pool:
         self.seq = 0  # next task number; grows across epochs
         self._holder: list[Any] = []  # the executor, once started
         self._locals: list[Fetcher] = []  # the main process's fetcher, once used
-        self._finalizer = weakref.finalize(self, _close_all, self._holder, self._locals)
+        # what the finalizer closes holds nothing of the user's (no dataset, no collate_fn):
+        # the finalizer registry keeps it reachable, and with it anything it refers to
+        self._closers: list[Any] = []  # worker executors
+        self._finalizer = weakref.finalize(self, _close_all, self._closers)
         auto_workers = self.auto is not None and self.auto["num_workers"] and not self.timed
         self.adaptive = auto_workers or (loader.adaptive and self.num_workers > 0 and not loader._iterable
                                          and loader.worker_init_fn is None and not self.timed)
@@ -873,8 +884,11 @@ class _Pool:
             if self.worker_type == "thread":
                 ex: Any = ThreadExecutor(self.spec, self.num_workers)
             else:
-                ex = ProcessExecutor(self.spec, self.num_workers, self.context, pinner=self.pinner)
+                me = weakref.ref(self)
+                ex = ProcessExecutor(lambda: getattr(me(), "spec", None), self.num_workers, self.context,
+                                     pinner=self.pinner)
             self._holder.append(ex)
+            self._closers.append(ex)
             self.launched = True
         return self._holder[0]
 
@@ -1051,6 +1065,7 @@ class _Pool:
             _ = self.executor
         except Exception:  # noqa: BLE001 - surfaces again, with its context, at the next dispatch
             self._holder.clear()
+            self._closers.clear()
             return
         if self.on_early is not None:
             self.on_early()  # hand the next batches out at once, so workers overlap this one
@@ -1167,15 +1182,18 @@ class _Pool:
     def close(self) -> None:
         self.dead = True
         self._finalizer()
+        for ex in self._holder:
+            ex.close()  # the main process's own executor (the finalizer had the workers')
+        self._holder.clear()
+        for f in self._locals:
+            f.close()
+        self._locals.clear()
 
 
-def _close_all(holder: list[Any], fetchers: list[Fetcher]) -> None:
-    for ex in holder:
+def _close_all(closers: list[Any]) -> None:
+    for ex in closers:
         ex.close()
-    holder.clear()
-    for f in fetchers:
-        f.close()
-    fetchers.clear()
+    closers.clear()
 
 
 class _Run(Generic[T]):

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import queue
 import threading
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -78,29 +79,18 @@ class FetchPool:
     def __init__(self, n: int, name: str = "conveyor-fetch", init: Callable[[], None] | None = None) -> None:
         self.n = n
         self.queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        self.closed = False
-        self.init = init  # run first in every thread (a thread worker's info)
-        self.threads = [threading.Thread(target=self._loop, name=f"{name}_{i}", daemon=True) for i in range(n)]
+        self._flags = _Flags()
+        # the threads hold the queue, not the pool: a pool nobody holds (its fetcher dropped
+        # with a loader in a reference cycle) is collected, and its finalizer ends them
+        self.threads = [threading.Thread(target=_serve, args=(self.queue, self._flags, init),
+                                         name=f"{name}_{i}", daemon=True) for i in range(n)]
         for t in self.threads:
             t.start()
+        self._finalizer = weakref.finalize(self, _release, self.queue, n)
 
-    def _loop(self) -> None:
-        if self.init is not None:
-            self.init()
-        get = self.queue.get
-        while True:
-            item = get()
-            if item is None:
-                return
-            batch, k, fn, x, epoch = item
-            if self.closed:  # cancelled: the batch is abandoned, nobody waits on it
-                batch._put(k, _Failed(RuntimeError("fetch pool closed")))
-                continue
-            try:
-                value = fn(x, epoch)
-            except BaseException as exc:  # noqa: BLE001 - handed to whoever collects the batch
-                value = _Failed(exc)
-            batch._put(k, value)
+    @property
+    def closed(self) -> bool:
+        return self._flags.closed
 
     def submit(self, fn: Callable[[Any, Any], Any], items: Sequence[Any], epoch: Any = None) -> Batch:
         """Queue ``fn(item, epoch)`` for every item; returns the batch they fill."""
@@ -116,9 +106,42 @@ class FetchPool:
 
     def close(self, wait: bool = True, cancel: bool = False) -> None:
         """Stop the threads once the queue is drained (``cancel``: drop what is still queued)."""
-        self.closed = self.closed or cancel
-        for _ in self.threads:
-            self.queue.put(None)
+        self._flags.closed = self._flags.closed or cancel
+        if self._finalizer.detach() is not None:
+            _release(self.queue, self.n)
         if wait:
             for t in self.threads:
                 t.join()
+
+
+class _Flags:
+    __slots__ = ("closed",)
+
+    def __init__(self) -> None:
+        self.closed = False  # cancelled: queued fetches are failed, not run
+
+
+def _release(q: queue.SimpleQueue[Any], n: int) -> None:
+    for _ in range(n):
+        q.put(None)
+
+
+def _serve(q: queue.SimpleQueue[Any], flags: _Flags, init: Callable[[], None] | None) -> None:
+    """A fetch thread: run queued fetches until a ``None`` arrives."""
+    if init is not None:
+        init()
+    get = q.get
+    while True:
+        item = get()
+        if item is None:
+            return
+        batch, k, fn, x, epoch = item
+        if flags.closed:  # cancelled: the batch is abandoned, nobody waits on it
+            batch._put(k, _Failed(RuntimeError("fetch pool closed")))
+            continue
+        try:
+            value = fn(x, epoch)
+        except BaseException as exc:  # noqa: BLE001 - handed to whoever collects the batch
+            value = _Failed(exc)
+        batch._put(k, value)
+        del item, batch, fn, x, value

@@ -18,6 +18,7 @@ import signal
 import time
 import warnings
 from multiprocessing.connection import Connection, wait
+from collections.abc import Callable
 from typing import Any
 
 from .. import transport
@@ -57,7 +58,7 @@ class _Worker:
 class ProcessExecutor:
     kind = "process"
 
-    def __init__(self, spec: WorkerSpec, num_workers: int, context: Any = None,
+    def __init__(self, spec: WorkerSpec | Callable[[], WorkerSpec], num_workers: int, context: Any = None,
                  *, pinner: Any = None) -> None:
         if context is None:
             context = mp.get_context()
@@ -65,7 +66,11 @@ class ProcessExecutor:
             context = mp.get_context(context)
         self.ctx = context
         self.method = context.get_start_method()
-        self.spec = spec
+        # the spec comes from a function (the loader's pool's, through a weak reference): what
+        # closes this executor must not keep the user's dataset and collate_fn (and so a loader
+        # they may refer to) reachable, or a loader dropped in a reference cycle would live on
+        self._spec_of: Callable[[], WorkerSpec] = spec if callable(spec) else (lambda: spec)
+        self.output = self.spec.output
         self.num_workers = num_workers
         self.ledger = Ledger(num_workers)
         self.prefix = transport.new_prefix() if transport.available() else ""
@@ -88,6 +93,13 @@ class ProcessExecutor:
         except BaseException:
             self.close()
             raise
+
+    @property
+    def spec(self) -> WorkerSpec:
+        spec = self._spec_of()
+        if spec is None:
+            raise RuntimeError("this DataLoader is gone: its workers cannot be restarted")
+        return spec
 
     # -- start-up ---------------------------------------------------------
     def _spawn(self, w: int) -> _Worker:
@@ -363,7 +375,7 @@ class ProcessExecutor:
     def decode(self, result: Result) -> Any:
         packed = result.batch
         if isinstance(packed, transport.Packed):
-            return transport.decode(packed, self.views, output=self.spec.output)
+            return transport.decode(packed, self.views, output=self.output)
         return packed
 
     # -- shutdown ---------------------------------------------------------
@@ -437,6 +449,14 @@ def _freeze() -> None:
         return
     if _freezes == 0:
         _user_froze = gc.get_freeze_count() > 0
+    elif not _user_froze:
+        # another pool holds the freeze: a loader dropped since in a reference cycle was frozen
+        # with everything else and could never be collected (nor its workers stopped). Collect
+        # such loaders now, once, before freezing anew
+        gc.unfreeze()
+        gc.collect()
+        if _freezes == 0:  # the collection closed the pools that held it
+            _user_froze = gc.get_freeze_count() > 0
     _freezes += 1
     gc.freeze()
 
