@@ -341,7 +341,6 @@ class DataLoader(Generic[T]):
         self._last_pool: _Pool | None = None  # for stats() after the run is gone
         self._recycler = Recycler()  # memory of large main-process batches the user has dropped
         self._len_called: int | None = None
-        self._closed = False
         self._slot_pinner = _pinner(self)
         self._device_stage: Any = None
         if device is not None:
@@ -403,8 +402,6 @@ class DataLoader(Generic[T]):
 
     # -- iteration ----------------------------------------------------------
     def __iter__(self) -> Iterator[T]:
-        if self._closed:
-            raise RuntimeError("this DataLoader is closed")
         epoch, skip, base_seed, done, replicas = self._epoch, 0, None, [], None
         persistent = self.persistent_workers and self.num_workers > 0
         if self._resume is not None:
@@ -638,7 +635,8 @@ class DataLoader(Generic[T]):
 
     # -- shutdown -----------------------------------------------------------
     def close(self) -> None:
-        """Stop every worker and free shared memory. Idempotent; iteration ends."""
+        """Stop every worker and free shared memory. Idempotent; running iterations end, and
+        iterating the loader again starts it afresh (new workers)."""
         if self._device_stage is not None:
             self._device_stage.reset()
         for run in list(self._runs):
