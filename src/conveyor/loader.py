@@ -1209,9 +1209,6 @@ class _Run(Generic[T]):
         self.stats = loader._stats
         gen = loader.generator
         self.generator_state = gen.get_state() if _torch.is_generator(gen) else None
-        # Positions (batch numbers in the epoch) the user has received: all below ``prefix``,
-        # and ``ahead`` beyond it. Tracked when batches may arrive out of order, or when a
-        # resumed epoch must leave out batches an out-of-order run had already handed out.
         iterable = loader._iterable
         # Map-style: the positions (batch numbers in the epoch) handed out or skipped whole:
         # all below ``prefix``, and ``ahead`` beyond it (batches handed out of order, or left
@@ -1324,9 +1321,9 @@ class _Run(Generic[T]):
                     if not self.drop_counts[w]:
                         break
                     self.drop_counts[w] -= 1
-                    self.replicas_done[w] += 1
                 else:
                     self.drop_any -= 1
+                self.replicas_done[w] += 1
                 self.dropping -= 1
                 batch, size = self._next()
         except StopIteration:
