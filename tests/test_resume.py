@@ -561,3 +561,25 @@ def test_resume_after_a_batch_skipped_whole(in_order: bool) -> None:
     with second:
         second.load_state_dict(state)
         assert [b.tolist() for b in second] == [[8, 9], [10, 11]]
+
+
+@pytest.mark.timeout(60)
+def test_a_stream_resumed_with_another_worker_count_saves_a_state_that_loads() -> None:
+    # another worker count shards the stream otherwise: the first batches are dropped by count,
+    # and counted, so the state saved after resuming names them too
+    first = DataLoader(Stream(11, "torch"), batch_size=2, num_workers=2)
+    with first:
+        it = iter(first)
+        _ = [next(it) for _ in range(2)]
+        state = json.loads(json.dumps(first.state_dict()))
+    second = DataLoader(Stream(11, "torch"), batch_size=2, num_workers=0)
+    with second:
+        second.load_state_dict(state)
+        it = iter(second)
+        _ = next(it)
+        again = json.loads(json.dumps(second.state_dict()))
+    assert again["batches"] == 3 and sum(again["replicas"]) == 3
+    third = DataLoader(Stream(11, "torch"), batch_size=2, num_workers=0)
+    with third:
+        third.load_state_dict(again)
+        assert [b.tolist() for b in third] == [[[6, 12], [7, 14]], [[8, 16], [9, 18]], [[10, 20]]]
