@@ -583,3 +583,38 @@ def test_a_stream_resumed_with_another_worker_count_saves_a_state_that_loads() -
     with third:
         third.load_state_dict(again)
         assert [b.tolist() for b in third] == [[[6, 12], [7, 14]], [[8, 16], [9, 18]], [[10, 20]]]
+
+
+class DrawingStream(torch.utils.data.IterableDataset):
+    """Four items, each with a draw from torch's global RNG."""
+
+    def __iter__(self) -> Iterator[tuple[int, torch.Tensor]]:
+        for i in range(4):
+            yield i, torch.rand(1)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("persistent", [False, True])
+def test_a_seeded_stream_resumes_with_its_epochs_draws(persistent: bool) -> None:
+    # a persistent worker's draws in epoch 1 used to continue from epoch 0's; a resumed run's
+    # fresh worker started over, and repeated epoch 0's values
+    def make_loader() -> DataLoader[Any]:
+        return DataLoader(DrawingStream(), batch_size=2, seed=7, num_workers=1, persistent_workers=persistent)
+
+    def flat(batches: Any) -> list[Any]:
+        return [(b[0].tolist(), b[1].flatten().tolist()) for b in batches]
+
+    ref = make_loader()
+    with ref:
+        expected = [flat(ref), flat(ref)]
+    first = make_loader()
+    with first:
+        epoch0 = flat(first)
+        it = iter(first)
+        head = flat([next(it)])
+        state = json.loads(json.dumps(first.state_dict()))
+        del it
+    second = make_loader()
+    with second:
+        second.load_state_dict(state)
+        assert [epoch0, head + flat(second)] == expected

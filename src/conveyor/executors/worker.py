@@ -166,6 +166,7 @@ class Fetcher:
         # a failure raised in this very process (the main process, a thread worker) is raised as
         # itself; skipped ones are kept as records only (their frames would hold their samples)
         self.keep = (worker_id is None or shared_rng) and spec.on_error == "raise"
+        self.shared_rng = shared_rng
         self.dataset = spec.dataset
         self.iterator: Any = None
         self.iter_epoch: int | None = None
@@ -318,6 +319,11 @@ class Fetcher:
 
     def _fetch_iter(self, task: Task, skipped: list[Failure]) -> Any:
         if self.iter_epoch != task.epoch:
+            if self.spec.seed is not None and self.worker_id is not None and not self.shared_rng:
+                # a process worker's stream draws from its global RNGs: with a seed, each epoch
+                # starts them from (base seed, epoch), so an epoch's draws do not depend on the
+                # epochs this (persistent) worker made before, and a resumed epoch repeats them
+                rng.seed_worker(rng.mix(self.spec.base_seed, task.epoch, 0x57EA) >> 1, self.worker_id)
             self.iterator = iter(self.dataset)
             self.iter_epoch = task.epoch
             self.exhausted = False
