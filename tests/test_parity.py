@@ -542,3 +542,29 @@ def test_diabetes_training_loop(diabetes_csv: str, workers: int) -> None:
     mine = _train(conveyor.DataLoader, diabetes_csv, workers)
     assert len(mine) == len(theirs) == 3 * 7
     assert mine == theirs
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("how", ["pickle", "deepcopy", "copy"])
+def test_a_loader_copies_and_pickles_as_torchs(how: str) -> None:
+    # torch's loader pickles and copies (its arguments and dataset); conveyor's copies its
+    # arguments and position, and makes its own workers, statistics and device stage
+    import copy
+    import pickle
+
+    make = {"pickle": lambda x: pickle.loads(pickle.dumps(x)), "deepcopy": copy.deepcopy, "copy": copy.copy}[how]
+    loader = conveyor.DataLoader(Squares(), batch_size=3, shuffle=True, generator=gen(2), num_workers=2,
+                                 persistent_workers=True, device="cpu")
+    clone = make(loader)
+    theirs = make(tud.DataLoader(Squares(), batch_size=3, shuffle=True, generator=gen(2), num_workers=2,
+                                 persistent_workers=True))
+    mine, copied = [list(loader) for _ in range(2)], [list(clone) for _ in range(2)]
+    if how != "copy":  # a shallow copy shares the generator with its original
+        same_epochs(copied[0] + copied[1], mine[0] + mine[1])
+        same_epochs(copied[0] + copied[1], [b for _ in range(2) for b in theirs])
+    assert clone._persistent is not loader._persistent and clone._device_stage is not loader._device_stage
+    # a loader that has run copies too: its position goes with it, not its workers
+    again = make(loader)
+    assert again._persistent is None and again.state_dict()["epoch"] == loader.state_dict()["epoch"]
+    for x in (loader, clone, again):
+        x.close()

@@ -339,24 +339,9 @@ class DataLoader(Generic[T]):
         # weak: the run refers to its loader, and a cycle would keep workers alive until gc
         self._last_ref: weakref.ref[_Run[T]] | None = None
         self._last_pool: _Pool | None = None  # for stats() after the run is gone
-        self._recycler = Recycler()  # memory of large main-process batches the user has dropped
         self._len_called: int | None = None
-        self._slot_pinner = _pinner(self)
-        self._device_stage: Any = None
-        if device is not None:
-            from .device import DevicePrefetcher, pin
-
-            # weak references back to the loader: a cycle would leave it (and its workers) to
-            # the cycle collector, which a gc.freeze() held for fork workers keeps away
-            me = weakref.ref(self)
-
-            def position() -> Any:
-                loader = me()
-                return loader._position() if loader is not None else None
-
-            self._device_stage = DevicePrefetcher(
-                weakref.proxy(self), device, depth=device_depth, pinner=self._slot_pinner or pin,
-                track_state=True, state_fn=position)
+        self._device_args = None if device is None else (device, device_depth)
+        self._start_runtime()
         self._initialized = True
         if num_workers > 0:
             self._check_worker_count()
@@ -381,8 +366,47 @@ class DataLoader(Generic[T]):
                 f"process may use at most {cpus} CPUs, so too many workers may make loading slow "
                 "or even freeze it; lower num_workers (or try num_workers='auto').", stacklevel=3)
 
-    def __getstate__(self) -> Any:
-        raise NotImplementedError(f"{type(self).__name__} cannot be pickled")
+    def _start_runtime(self) -> None:
+        """What a loader owns rather than describes: workers (none yet), statistics, memory
+        kept for reuse, the device stage. Made anew for a copy or an unpickled loader."""
+        set_ = object.__setattr__
+        set_(self, "_persistent", None)
+        set_(self, "_inline", None)
+        set_(self, "_runs", weakref.WeakSet())
+        set_(self, "_stats", Stats())
+        set_(self, "_tuner", None)
+        set_(self, "_last_ref", None)
+        set_(self, "_last_pool", None)
+        set_(self, "_recycler", Recycler())  # memory of large main-process batches the user has dropped
+        set_(self, "_slot_pinner", _pinner(self))
+        set_(self, "_device_stage", None)
+        if self._device_args is not None:
+            from .device import DevicePrefetcher, pin
+
+            device, depth = self._device_args
+            # weak references back to the loader: a cycle would leave it (and its workers) to
+            # the cycle collector, which a gc.freeze() held for fork workers keeps away
+            me = weakref.ref(self)
+
+            def position() -> Any:
+                loader = me()
+                return loader._position() if loader is not None else None
+
+            set_(self, "_device_stage", DevicePrefetcher(
+                weakref.proxy(self), device, depth=depth, pinner=self._slot_pinner or pin,
+                track_state=True, state_fn=position))
+
+    _RUNTIME = ("_persistent", "_inline", "_runs", "_stats", "_tuner", "_last_ref", "_last_pool",
+                "_recycler", "_slot_pinner", "_device_stage")
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Its arguments and position, as torch's loader pickles (its dataset, sampler and
+        collate_fn must pickle); workers, statistics and the device stage are made anew."""
+        return {k: v for k, v in self.__dict__.items() if k not in self._RUNTIME}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._start_runtime()
 
     # -- sizes --------------------------------------------------------------
     @property
