@@ -266,8 +266,6 @@ class DataLoader(Generic[T]):
         self.adaptive = adaptive
         self.restart_hung = restart_hung
         self._auto = auto if any(auto.values()) else None
-        self._tuner: Any = None  # "auto"'s tuner: one for every epoch, as workers may not persist
-        self._inline: _Pool | None = None  # the main-process pool every epoch shares (_inline_pool)
 
         iterable = _is_iterable_dataset(dataset)
         if iterable and self._auto is not None:
@@ -330,15 +328,9 @@ class DataLoader(Generic[T]):
         self.collate_fn = collate_fn
         self.persistent_workers = persistent_workers
         self._epoch = 0
-        self._persistent: _Pool | None = None
-        self._runs: weakref.WeakSet[_Run] = weakref.WeakSet()
-        self._stats = Stats()
         self._resume: dict[str, Any] | None = None
         self._loaded: dict[str, Any] | None = None
         self._ended: dict[str, Any] | None = None  # where the last run stopped (see _Run.where)
-        # weak: the run refers to its loader, and a cycle would keep workers alive until gc
-        self._last_ref: weakref.ref[_Run[T]] | None = None
-        self._last_pool: _Pool | None = None  # for stats() after the run is gone
         self._len_called: int | None = None
         self._device_args = None if device is None else (device, device_depth)
         self._start_runtime()
@@ -369,17 +361,17 @@ class DataLoader(Generic[T]):
     def _start_runtime(self) -> None:
         """What a loader owns rather than describes: workers (none yet), statistics, memory
         kept for reuse, the device stage. Made anew for a copy or an unpickled loader."""
-        set_ = object.__setattr__
-        set_(self, "_persistent", None)
-        set_(self, "_inline", None)
-        set_(self, "_runs", weakref.WeakSet())
-        set_(self, "_stats", Stats())
-        set_(self, "_tuner", None)
-        set_(self, "_last_ref", None)
-        set_(self, "_last_pool", None)
-        set_(self, "_recycler", Recycler())  # memory of large main-process batches the user has dropped
-        set_(self, "_slot_pinner", _pinner(self))
-        set_(self, "_device_stage", None)
+        self._persistent: _Pool | None = None
+        self._inline: _Pool | None = None  # the main-process pool every epoch shares (_inline_pool)
+        self._runs: weakref.WeakSet[_Run[T]] = weakref.WeakSet()
+        self._stats = Stats()
+        self._tuner: Any = None  # "auto"'s tuner: one for every epoch, as workers may not persist
+        # weak: the run refers to its loader, and a cycle would keep workers alive until gc
+        self._last_ref: weakref.ref[_Run[T]] | None = None
+        self._last_pool: _Pool | None = None  # for stats() after the run is gone
+        self._recycler = Recycler()  # memory of large main-process batches the user has dropped
+        self._slot_pinner = _pinner(self)
+        self._device_stage: Any = None
         if self._device_args is not None:
             from .device import DevicePrefetcher, pin
 
@@ -392,9 +384,9 @@ class DataLoader(Generic[T]):
                 loader = me()
                 return loader._position() if loader is not None else None
 
-            set_(self, "_device_stage", DevicePrefetcher(
+            self._device_stage = DevicePrefetcher(
                 weakref.proxy(self), device, depth=depth, pinner=self._slot_pinner or pin,
-                track_state=True, state_fn=position))
+                track_state=True, state_fn=position)
 
     _RUNTIME = ("_persistent", "_inline", "_runs", "_stats", "_tuner", "_last_ref", "_last_pool",
                 "_recycler", "_slot_pinner", "_device_stage")
@@ -1247,14 +1239,14 @@ class _Run(Generic[T]):
         # and a resumed epoch makes those again and drops them (exact when each replica's
         # stream is deterministic; replicas are handed out in order, whatever ``in_order``).
         self.replicas_done = [0] * max(1, loader.num_workers) if iterable else []
-        self.drop_counts: list[int] = []
+        self.drop_counts: list[int] = []  # batches to drop, per replica
+        self.drop_any = 0  # or from any replica: another worker count shards the stream otherwise
         if iterable and skip:
             counts = list(replicas or ())
-            # another worker count shards the stream otherwise: then drop the first ``skip``
-            self.drop_counts = counts if len(counts) == len(self.replicas_done) else []
-            if self.drop_counts:
-                self.replicas_done = [0] * len(counts)
-        self.drop_any = skip if iterable and skip and not self.drop_counts else 0
+            if len(counts) == len(self.replicas_done):
+                self.drop_counts = counts
+            else:
+                self.drop_any = skip
         self.dropping = self.drop_any + sum(self.drop_counts)  # batches still to drop
         self.prefix_base = skip  # position of this run's first batch (map-style, none left out)
         self.slices = _Slices.of(loader, skip) if pool.spec.gather and not self.ahead else None
@@ -1270,13 +1262,11 @@ class _Run(Generic[T]):
             self.batches: Iterator[Any] = self.slices
             self.slices.begin(primed > 0)
         else:
-            self.batches = iter(loader._index_sampler)
-            if iterable:
-                pass
-            elif self.ahead:
+            self.batches = iter(loader._index_sampler)  # a stream's: placeholders, never skipped
+            if self.ahead:
                 self.positions = []
                 self.batches = self._leave_out(self.batches, skip, self.ahead, self.positions)
-            elif skip:
+            elif skip and not iterable:
                 self.batches = itertools.islice(self.batches, skip, None)
             if primed:
                 head = list(itertools.islice(self.batches, primed))
