@@ -176,3 +176,39 @@ def test_one_dimensional_slot_leaves_stay_intact_while_held() -> None:
     for batches in (held, again):
         assert [b.shape for b in batches] == [torch.Size([20000])] * 12
         assert all(torch.equal(b, torch.full((20000,), float(i))) for i, b in enumerate(batches))
+
+
+def test_the_workers_writer_tells_collate_which_leaves_it_never_takes() -> None:
+    """Small leaves travel in the message: collate must not even ask for them (that asking
+    cost ~20 us a batch), and large ones still land in the slot."""
+    from conveyor.collate import default_collate, use_allocator
+    from conveyor.transport import SlotPool, Writer
+    from conveyor.transport import segment
+
+    if not segment.available():
+        pytest.skip("no POSIX shared memory here")
+    pool = SlotPool(segment.new_prefix())
+    try:
+        writer = Writer(pool, inline_bytes=1024)
+        assert writer.min_bytes == 1024
+        asked: list[tuple[int, ...]] = []
+
+        class Counting:
+            min_bytes = writer.min_bytes
+
+            def __call__(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray | None:
+                asked.append(shape)
+                return writer(shape, dtype)
+
+        small = [np.full(8, i, np.float32) for i in range(4)]  # 128 bytes in all
+        large = [np.full(256, i, np.float32) for i in range(4)]  # 4 KiB
+        with use_allocator(Counting()):
+            a = default_collate(small)
+            b = default_collate(large)
+        assert asked == [(4, 256)]
+        assert writer.locate(np.asarray(b).__array_interface__["data"][0], 4096) is not None
+        assert writer.locate(np.asarray(a).__array_interface__["data"][0], 128) is None
+        np.testing.assert_array_equal(np.asarray(b)[3], np.full(256, 3, np.float32))
+        writer.abandon()
+    finally:
+        pool.close()

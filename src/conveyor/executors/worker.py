@@ -515,7 +515,7 @@ def serve(spec: WorkerSpec, worker_id: int, gen: int, tasks: Any, results: Any,
                 continue
             task = queue.pop(0)
             writer = Writer(pool) if pool is not None and pool.failed is None else None
-            fetcher.alloc = writer.alloc if writer is not None else None  # collate into the slot
+            fetcher.alloc = writer  # collate into the slot (None: no shared memory)
             result = fetcher.run(task)
             if result.batch is not None:
                 try:
