@@ -356,7 +356,7 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in [
     Scenario("jpeg", "512 JPEGs 256..320 px, Pillow decode, random 224 crop + flip, batch 64, 4 epochs",
              build_jpeg, targets=("conveyor2/torch2>=1.1",)),
     Scenario("detection", "uint8 3x256x256 + 1..20 boxes, list collate, batch 16, 4 epochs",
-             build_detection, targets=("conveyor2/torch2>=3",)),
+             build_detection, targets=("conveyor2/torch2>=3",), min_repeats=11),
     Scenario("overlap", "4 ms CPU collate in workers, 4 ms CPU train step in main, batch 8, 512 batches",
              build_overlap, targets=("conveyor2:efficiency>=0.95",)),
     Scenario("latency", "5 ms sleep per sample, batch 32, 3072 samples; conveyor fetch_threads 16 / 32 / 64 "
