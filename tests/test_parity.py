@@ -568,3 +568,29 @@ def test_a_loader_copies_and_pickles_as_torchs(how: str) -> None:
     assert again._persistent is None and again.state_dict()["epoch"] == loader.state_dict()["epoch"]
     for x in (loader, clone, again):
         x.close()
+
+
+class _OwnGather(tud.Dataset):
+    """A dataset whose ``gather`` method has nothing to do with conveyor's protocol."""
+
+    def __len__(self) -> int:
+        return 6
+
+    def __getitem__(self, i: int) -> int:
+        return i * 10
+
+    def gather(self, what: str) -> str:
+        return what
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("make", ["tensor", "own_gather"])
+def test_a_tensor_or_a_dataset_with_its_own_gather_is_indexed(make: str, workers: int) -> None:
+    """torch.Tensor has a gather() method too: only datasets saying ``gatherable = True`` are
+    gathered; the rest go through ``__getitem__`` as torch's loader does."""
+    def ds() -> Any:
+        return torch.arange(12.0).view(6, 2) if make == "tensor" else _OwnGather()
+
+    want = list(tud.DataLoader(ds(), batch_size=2, num_workers=workers))
+    got = list(conveyor.DataLoader(ds(), batch_size=2, num_workers=workers, **WORKERS))
+    same_epochs(want, got)

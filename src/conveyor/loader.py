@@ -485,9 +485,12 @@ class DataLoader(Generic[T]):
         return int(np.random.randint(0, 2**62))
 
     def _spec(self, base_seed: int) -> WorkerSpec:
+        # ``gather`` is a protocol a dataset opts into with ``gatherable = True`` (ArrayDataset
+        # does): a tensor used as the dataset, or a dataset with some other ``gather``
+        # method, goes through ``__getitem__`` as it does with torch
         gather = (self._default_collate and self._auto_collation and not self._iterable
-                  and self.on_error == "raise" and callable(getattr(self.dataset, "gather", None))
-                  and getattr(self.dataset, "gatherable", True))
+                  and self.on_error == "raise" and getattr(self.dataset, "gatherable", False) is True
+                  and callable(getattr(self.dataset, "gather", None)))
         return WorkerSpec(
             dataset=self.dataset,
             collate_fn=self.collate_fn,

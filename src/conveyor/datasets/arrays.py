@@ -4,8 +4,10 @@
                 (what default_collate makes of the rows, without the per-row work)
     index   ──> dataset[i] = (a_0[i], a_1[i], ...)
 
-The loader uses ``gather`` when the dataset has it and the collate function is
-the default one; any other collate gets ``__getitems__``'s list of samples.
+The loader uses ``gather`` when the dataset says ``gatherable = True`` (a protocol:
+``gather(indices, output=)`` returns what ``default_collate`` would make of the rows)
+and the collate function is the default one; any other collate gets
+``__getitems__``'s list of samples.
 """
 
 from __future__ import annotations
@@ -55,7 +57,7 @@ class ArrayDataset(Dataset[tuple[Any, ...]]):
         self._length = lengths[0]
         # the loader gathers whole batches only when every column becomes a tensor as it is;
         # strings, bytes or objects go row by row through the collate function, as torch's do
-        self.gatherable = all(_torch.is_tensor(a) or a.dtype.kind not in "USOVMm" for a in converted)
+        self.gatherable = bool(all(_torch.is_tensor(a) or a.dtype.kind not in "USOVMm" for a in converted))
 
     def __len__(self) -> int:
         return self._length
