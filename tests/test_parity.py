@@ -594,3 +594,49 @@ def test_a_tensor_or_a_dataset_with_its_own_gather_is_indexed(make: str, workers
     want = list(tud.DataLoader(ds(), batch_size=2, num_workers=workers))
     got = list(conveyor.DataLoader(ds(), batch_size=2, num_workers=workers, **WORKERS))
     same_epochs(want, got)
+
+
+class _Point:
+    def __init__(self, x: int) -> None:
+        self.x = x
+
+
+def _points(batch: list[_Point], *, collate_fn_map: Any = None) -> list[int]:
+    return [p.x * 10 for p in batch]
+
+
+def _padded(batch: list[torch.Tensor], *, collate_fn_map: Any = None) -> torch.Tensor:
+    return torch.nn.utils.rnn.pad_sequence(batch, batch_first=True)
+
+
+class _Ragged(tud.Dataset):
+    def __len__(self) -> int:
+        return 6
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, _Point]:
+        return torch.arange(i + 1), _Point(i)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_functions_registered_in_torchs_collate_table_are_used(workers: int) -> None:
+    """torch's documented way to extend default_collate: register a type, or replace its own
+    entry, in torch.utils.data._utils.collate.default_collate_fn_map."""
+    from torch.utils.data._utils import collate as torch_collate
+
+    table = torch_collate.default_collate_fn_map
+    saved = dict(table)
+    try:
+        table[_Point] = _points
+        table[torch.Tensor] = _padded
+        want = list(tud.DataLoader(_Ragged(), batch_size=3, num_workers=workers))
+        got = list(conveyor.DataLoader(_Ragged(), batch_size=3, num_workers=workers, **WORKERS))
+        same_epochs(want, got)
+        assert got[1][1] == [30, 40, 50]
+        assert conveyor.default_collate([_Point(1), _Point(2)]) == [10, 20]
+    finally:
+        table.clear()
+        table.update(saved)
+    # with torch's table as it was, conveyor's own functions are back
+    with pytest.raises(TypeError, match="default_collate"):
+        conveyor.default_collate([_Point(1), _Point(2)])
+    same(conveyor.default_collate([torch.zeros(2), torch.ones(2)]), torch.tensor([[0.0, 0.0], [1.0, 1.0]]))

@@ -669,11 +669,58 @@ def default_collate(batch: Sequence[Any]) -> Any:
     Tensors, numpy arrays and numbers are stacked along a new first dimension,
     str/bytes are kept, and Mappings, namedtuples, lists and tuples (as lists) are
     transposed. Without torch installed the stacked leaves are numpy arrays.
+    Functions registered in torch's ``default_collate_fn_map`` (torch's documented
+    way to extend ``default_collate``: a new type, or its own entry replaced) are
+    used here as torch uses them.
 
     >>> default_collate([{"y": 1, "s": "a"}, {"y": 2, "s": "b"}])
     {'y': tensor([1, 2]), 's': ['a', 'b']}
     """
-    return collate(batch, collate_fn_map=default_collate_fn_map)
+    return collate(batch, collate_fn_map=_effective_map())
+
+
+# torch's stock entries and the conveyor function standing in for each
+_TORCH_STOCK = {
+    "collate_tensor_fn": collate_tensor_fn,
+    "collate_numpy_array_fn": collate_numpy_array_fn,
+    "collate_numpy_scalar_fn": collate_numpy_scalar_fn,
+    "collate_float_fn": collate_float_fn,
+    "collate_int_fn": collate_int_fn,
+    "collate_str_fn": collate_str_fn,
+}
+_torch_map_seen: dict[Any, Any] | None = None  # torch's table as last looked at
+_torch_map_effective: dict[Any, CollateFn] = default_collate_fn_map
+
+
+def _effective_map() -> dict[Any, CollateFn]:
+    """conveyor's table, or, once the user has registered functions in torch's, torch's table
+    with its stock entries standing for conveyor's. Costs one dict comparison a batch."""
+    global _torch_map_seen, _torch_map_effective
+    mod = sys.modules.get("torch.utils.data._utils.collate")
+    table = getattr(mod, "default_collate_fn_map", None) if mod is not None else None
+    if not isinstance(table, dict):
+        return default_collate_fn_map
+    if table != _torch_map_seen:
+        effective: dict[Any, CollateFn] = {}
+        users = False
+        for key, fn in table.items():
+            ours = _stock(mod, fn)
+            users = users or ours is None
+            effective[key] = fn if ours is None else ours
+        _torch_map_seen = dict(table)
+        _torch_map_effective = effective if users else default_collate_fn_map
+    return _torch_map_effective
+
+
+def _stock(mod: Any, fn: Any) -> CollateFn | None:
+    """conveyor's function for one of torch's own entries (or conveyor's, put there in its
+    workers), None for a function of the user's."""
+    if getattr(fn, "__module__", None) == __name__:
+        return fn  # type: ignore[no-any-return]
+    name = getattr(fn, "__name__", None)
+    if name in _TORCH_STOCK and getattr(mod, name, None) is fn:
+        return _TORCH_STOCK[name]
+    return None
 
 
 def numpy_collate(batch: Sequence[Any]) -> Any:
