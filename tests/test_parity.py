@@ -640,3 +640,41 @@ def test_functions_registered_in_torchs_collate_table_are_used(workers: int) -> 
     with pytest.raises(TypeError, match="default_collate"):
         conveyor.default_collate([_Point(1), _Point(2)])
     same(conveyor.default_collate([torch.zeros(2), torch.ones(2)]), torch.tensor([[0.0, 0.0], [1.0, 1.0]]))
+
+
+class _WaitsAtZero(tud.Dataset):
+    """Index 0 waits (up to 20 s) for a file the consumer creates once it has had ``need``
+    other batches: only a loader that passes the stuck worker over gets there."""
+
+    def __init__(self, flag: str) -> None:
+        self.flag = flag
+
+    def __len__(self) -> int:
+        return 24
+
+    def __getitem__(self, i: int) -> int:
+        if i == 0:
+            import time
+
+            end = time.monotonic() + 20
+            while not Path(self.flag).exists() and time.monotonic() < end:
+                time.sleep(0.01)
+        return i
+
+
+@pytest.mark.timeout(60)
+def test_in_order_false_passes_over_a_worker_stuck_on_a_slow_batch(tmp_path: Path) -> None:
+    """torch, in_order=False: a worker holding its share of batches gets no more; the other
+    workers take them. (Strict round robin stopped at the stuck worker's turn: 2 batches.)"""
+    flag = str(tmp_path / "go")
+    loader = conveyor.DataLoader(_WaitsAtZero(flag), batch_size=1, num_workers=2, in_order=False, **WORKERS)
+    before = 0
+    seen = []
+    for batch in loader:
+        seen.append(int(batch))
+        if 0 not in seen:
+            before += 1
+            if before == 10:
+                Path(flag).touch()
+    assert sorted(seen) == list(range(24))
+    assert before >= 10

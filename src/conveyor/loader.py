@@ -1583,16 +1583,23 @@ class _Run(Generic[T]):
         # Strict round robin (over live replicas of an iterable dataset), as torch does:
         # batch k goes to worker k % n, so per-worker RNG streams match torch's. Tasks for
         # one worker travel together in one message.
+        # With in_order=False a worker at its share is passed over, as torch does: a slow
+        # batch then holds up only its own worker, the others go on taking batches.
         orders: dict[int, list[Task]] = {}
         held = {w: ex.outstanding(w) for w in range(n)}
+        strict = self.loader.in_order or self.loader._iterable
         for _ in range(n * cap):
+            live = False
             for k in range(n):
                 w = (self.rr + k) % n
                 if self.active[w]:
-                    break
+                    live = True
+                    if strict or (held[w] < cap and w != hold):
+                        break
             else:
-                self.sampler_done = True
-                break
+                if not live:
+                    self.sampler_done = True
+                break  # (in_order=False) every live worker holds its share
             if held[w] >= cap or w == hold:
                 break  # the turn stays with w: order must follow the rotation
             task = self._next_task(w)
