@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
@@ -20,6 +21,7 @@ from helpers import Stream
 from test_determinism import Noisy
 
 from conveyor import (
+    ArrayDataset,
     DataLoader,
     RandomSampler,
     Sampler,
@@ -420,12 +422,13 @@ class SlowAt(torch.utils.data.Dataset):
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("resume_in_order", [False, True])
-def test_resume_after_batches_handed_out_of_order(resume_in_order: bool) -> None:
+@pytest.mark.parametrize("resume_in_order, resume_workers", [(False, 2), (True, 2), (True, 0), (False, 0)])
+def test_resume_after_batches_handed_out_of_order(resume_in_order: bool, resume_workers: int) -> None:
     # with in_order=False the user may have received batches 0, 1, 3 and 5 while 2 is still
     # being made: the state must name those, and the resumed epoch give exactly the others
-    def make_loader(in_order: bool) -> DataLoader[Any]:
-        return DataLoader(SlowAt(24, {4, 5}), batch_size=2, num_workers=2, in_order=in_order,
+    # (also without workers, where the sampler is read one batch at a time)
+    def make_loader(in_order: bool, workers: int = 2) -> DataLoader[Any]:
+        return DataLoader(SlowAt(24, {4, 5}), batch_size=2, num_workers=workers, in_order=in_order,
                           adaptive=False, seed=1)
 
     first = make_loader(False)
@@ -434,7 +437,7 @@ def test_resume_after_batches_handed_out_of_order(resume_in_order: bool) -> None
         got = [next(it).tolist() for _ in range(4)]
         state = json.loads(json.dumps(first.state_dict()))
     assert [4, 5] not in got and state["batches"] <= 2 and state.get("done"), (got, state)
-    second = make_loader(resume_in_order)
+    second = make_loader(resume_in_order, resume_workers)
     with second:
         second.load_state_dict(state)
         rest = [b.tolist() for b in second]
@@ -618,3 +621,16 @@ def test_a_seeded_stream_resumes_with_its_epochs_draws(persistent: bool) -> None
     with second:
         second.load_state_dict(state)
         assert [epoch0, head + flat(second)] == expected
+
+
+def test_an_array_dataset_resumes_past_batches_handed_out_of_order() -> None:
+    """A state naming positions done out of order ('done'), loaded where batches are gathered
+    in the main process: those positions are left out, once."""
+    state = {"version": 1, "dataset_len": 32, "seed": 0, "epoch": 0, "batches": 0, "replay": False,
+             "done": [1, 3], "sampler": {"version": 1, "class": "BatchSampler", "batch_size": 4,
+                                         "drop_last": False,
+                                         "sampler": {"version": 1, "class": "SequentialSampler", "n": 32}}}
+    loader = DataLoader(ArrayDataset(np.arange(32)), batch_size=4, seed=0)
+    loader.load_state_dict(state)
+    firsts = [int(b[0][0]) for b in loader]
+    assert firsts == [0, 8, 16, 20, 24, 28]

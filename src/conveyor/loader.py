@@ -1268,7 +1268,9 @@ class _Run(Generic[T]):
             self.batches = iter(loader._index_sampler)  # a stream's: placeholders, never skipped
             if self.ahead:
                 self.positions = []
-                self.batches = self._leave_out(self.batches, skip, self.ahead, self.positions)
+                # a copy: ``ahead`` loses each position as the prefix passes it, and the
+                # sampler is read lazily (without workers, up to the batch being made)
+                self.batches = self._leave_out(self.batches, skip, frozenset(self.ahead), self.positions)
             elif skip and not iterable:
                 self.batches = itertools.islice(self.batches, skip, None)
             if primed:
@@ -1289,7 +1291,7 @@ class _Run(Generic[T]):
         self.to_numpy = loader.output == "numpy" and not loader._default_collate
 
     @staticmethod
-    def _leave_out(batches: Iterator[Any], skip: int, done: set[int], positions: list[int]) -> Iterator[Any]:
+    def _leave_out(batches: Iterator[Any], skip: int, done: frozenset[int], positions: list[int]) -> Iterator[Any]:
         """The batches from ``skip`` on but those at ``done``, noting each one's position."""
         for p, b in enumerate(batches):
             if p >= skip and p not in done:
