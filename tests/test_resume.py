@@ -623,6 +623,20 @@ def test_a_seeded_stream_resumes_with_its_epochs_draws(persistent: bool) -> None
         assert [epoch0, head + flat(second)] == expected
 
 
+@pytest.mark.timeout(60)
+def test_a_seeded_streams_draws_are_the_same_with_persistent_workers_or_not() -> None:
+    """Draws are a function of (seed, epoch): persistent workers, which keep epoch 0's base
+    seed, must draw as workers started afresh for each epoch do."""
+    def epochs(persistent: bool) -> list[Any]:
+        loader = DataLoader(DrawingStream(), batch_size=2, seed=7, num_workers=2, persistent_workers=persistent)
+        with loader:
+            return [[b[1].flatten().tolist() for b in loader] for _ in range(3)]
+
+    fresh, kept = epochs(False), epochs(True)
+    assert fresh == kept
+    assert fresh[0] != fresh[1] != fresh[2]
+
+
 def test_an_array_dataset_resumes_past_batches_handed_out_of_order() -> None:
     """A state naming positions done out of order ('done'), loaded where batches are gathered
     in the main process: those positions are left out, once."""

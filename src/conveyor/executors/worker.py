@@ -321,9 +321,9 @@ class Fetcher:
         if self.iter_epoch != task.epoch:
             if self.spec.seed is not None and self.worker_id is not None and not self.shared_rng:
                 # a process worker's stream draws from its global RNGs: with a seed, each epoch
-                # starts them from (base seed, epoch), so an epoch's draws do not depend on the
-                # epochs this (persistent) worker made before, and a resumed epoch repeats them
-                rng.seed_worker(rng.mix(self.spec.base_seed, task.epoch, 0x57EA) >> 1, self.worker_id)
+                # starts them from (seed, epoch), so an epoch's draws do not depend on the epochs
+                # this worker made before (persistent or not), and a resumed epoch repeats them
+                rng.seed_worker(rng.mix(self.spec.seed, task.epoch, 0x57EA) >> 1, self.worker_id)
             self.iterator = iter(self.dataset)
             self.iter_epoch = task.epoch
             self.exhausted = False
