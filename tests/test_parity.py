@@ -566,7 +566,19 @@ def test_a_loader_copies_and_pickles_as_torchs(how: str) -> None:
     # a loader that has run copies too: its position goes with it, not its workers
     again = make(loader)
     assert again._persistent is None and again.state_dict()["epoch"] == loader.state_dict()["epoch"]
-    for x in (loader, clone, again):
+    # taken mid-epoch, the copy goes on with that epoch where the original is
+    it = iter(loader)
+    for _ in range(2):
+        next(it)
+    middle = make(loader)
+    if how == "copy":  # it shares the sampler and generator being iterated: it starts afresh
+        assert middle.state_dict()["batches"] == 0
+        rest = list(it)
+        assert len(rest) == len(loader) - 2
+    else:
+        assert middle.state_dict()["batches"] == 2
+        same_epochs(list(middle), list(it))
+    for x in (loader, clone, again, middle):
         x.close()
 
 

@@ -393,12 +393,32 @@ class DataLoader(Generic[T]):
 
     def __getstate__(self) -> dict[str, Any]:
         """Its arguments and position, as torch's loader pickles (its dataset, sampler and
-        collate_fn must pickle); workers, statistics and the device stage are made anew."""
-        return {k: v for k, v in self.__dict__.items() if k not in self._RUNTIME}
+        collate_fn must pickle); workers, statistics and the device stage are made anew.
+        Taken mid-epoch, the copy resumes that epoch where it is (its ``state_dict()``),
+        when the sampler can say its position; otherwise it starts the next epoch."""
+        state = {k: v for k, v in self.__dict__.items() if k not in self._RUNTIME}
+        run = self._last_run
+        if run is not None and not run.finished:
+            try:
+                state["_copied_position"] = self.state_dict()
+            except (TypeError, ValueError):
+                pass
+        return state
+
+    def __copy__(self) -> DataLoader[T]:
+        """A shallow copy shares the sampler and generator, so it does not take a running
+        epoch's position (loading it would move the original's sampler): it starts afresh."""
+        clone = self.__class__.__new__(self.__class__)
+        clone.__dict__.update({k: v for k, v in self.__dict__.items() if k not in self._RUNTIME})
+        clone._start_runtime()
+        return clone
 
     def __setstate__(self, state: dict[str, Any]) -> None:
+        position = state.pop("_copied_position", None)
         self.__dict__.update(state)
         self._start_runtime()
+        if position is not None:
+            self.load_state_dict(position)
 
     # -- sizes --------------------------------------------------------------
     @property
