@@ -396,6 +396,17 @@ def test_setting_frozen_attribute_after_init(attr: str, value: Any) -> None:
     assert mine is theirs
 
 
+@pytest.mark.parametrize("workers, value", [(2, "bad"), (2, object()), (0, "fork"), (2, "spawn")])
+def test_setting_multiprocessing_context_after_init_is_checked_as_torchs(workers: int, value: Any) -> None:
+    t = tud.DataLoader(Squares(), batch_size=2, num_workers=workers)
+    c = conveyor.DataLoader(Squares(), batch_size=2, num_workers=workers)
+    theirs = _error_of(lambda: setattr(t, "multiprocessing_context", value))
+    mine = _error_of(lambda: setattr(c, "multiprocessing_context", value))
+    assert mine is theirs
+    if theirs is None:  # a start method's name becomes its context
+        assert c.multiprocessing_context is mp.get_context(value) and t.multiprocessing_context is mp.get_context(value)
+
+
 # --------------------------------------------------------------------------- per-worker seeding
 
 
@@ -690,3 +701,19 @@ def test_in_order_false_passes_over_a_worker_stuck_on_a_slow_batch(tmp_path: Pat
                 Path(flag).touch()
     assert sorted(seen) == list(range(24))
     assert before >= 10
+
+
+class _NoGetitems(tud.Dataset):
+    __getitems__ = None  # torch: a falsy __getitems__ means "none", fetch one by one
+
+    def __len__(self) -> int:
+        return 4
+
+    def __getitem__(self, i: int) -> int:
+        return i
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_getitems_set_to_none_fetches_one_by_one(workers: int) -> None:
+    want = list(tud.DataLoader(_NoGetitems(), batch_size=2, num_workers=workers))
+    same_epochs(want, list(conveyor.DataLoader(_NoGetitems(), batch_size=2, num_workers=workers, **WORKERS)))

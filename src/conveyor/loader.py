@@ -343,6 +343,8 @@ class DataLoader(Generic[T]):
         if getattr(self, "_initialized", False):
             if attr in self._frozen:
                 raise ValueError(f"{attr} attribute should not be set after {type(self).__name__} is initialized")
+            if attr == "multiprocessing_context":  # checked and made a context, as torch's setter does
+                val = _check_start_method(val, self.num_workers)
             if not attr.startswith("_"):
                 self.__dict__["_inline"] = None  # the next epoch's pool sees the new setting
         super().__setattr__(attr, val)

@@ -172,7 +172,8 @@ class Fetcher:
         self.iter_epoch: int | None = None
         self.exhausted = False
         self.died = False  # the stream ended right after an item raised
-        self.has_getitems = hasattr(spec.dataset, "__getitems__") and not spec.iterable
+        # as torch: a dataset may set __getitems__ = None to say it has none
+        self.has_getitems = bool(getattr(spec.dataset, "__getitems__", None)) and not spec.iterable
         self.gather = getattr(spec.dataset, "gather", None) if spec.gather else None
         # threads of one process share the global RNGs: seeding must hold a lock
         self.lock = rng_lock if (shared_rng or spec.fetch_threads > 1) and spec.seed is not None else None
