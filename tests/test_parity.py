@@ -717,3 +717,28 @@ class _NoGetitems(tud.Dataset):
 def test_a_getitems_set_to_none_fetches_one_by_one(workers: int) -> None:
     want = list(tud.DataLoader(_NoGetitems(), batch_size=2, num_workers=workers))
     same_epochs(want, list(conveyor.DataLoader(_NoGetitems(), batch_size=2, num_workers=workers, **WORKERS)))
+
+
+class _LongerThanItSays(tud.IterableDataset):
+    def __len__(self) -> int:
+        return 6
+
+    def __iter__(self) -> Any:
+        return iter(range(9))
+
+
+@pytest.mark.parametrize("workers, batch_size", [(0, None), (0, 1), (0, 2), (2, 1)])
+def test_a_stream_longer_than_its_len_warns_as_torchs(workers: int, batch_size: int | None) -> None:
+    import warnings
+
+    def warned(module: Any) -> tuple[int, int]:
+        loader = module.DataLoader(_LongerThanItSays(), batch_size=batch_size, num_workers=workers)
+        len(loader)  # torch warns only once len() was asked
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            n = sum(1 for _ in loader)
+        return n, sum("Length of IterableDataset" in str(w.message) for w in caught)
+
+    theirs, mine = warned(tud), warned(conveyor)
+    assert mine == theirs
+    assert batch_size == 2 or theirs[1] > 0

@@ -1247,6 +1247,9 @@ class _Run(Generic[T]):
         self.finished = False
         self.exhausted = False  # reached the end of its epoch
         self.yielded = skip
+        # torch warns once a stream has handed out more batches than len(dataset) said, when
+        # len(loader) was asked (as torch, it compares batches with the dataset's length)
+        self.len_said = loader._len_called if loader._iterable else None
         self.stats = loader._stats
         gen = loader.generator
         self.generator_state = gen.get_state() if _torch.is_generator(gen) else None
@@ -1375,10 +1378,20 @@ class _Run(Generic[T]):
         else:
             self._handed(self.out_seq)
         self.yielded += 1
+        if self.len_said is not None and self.yielded > self.len_said:
+            self._warn_len()
         self.stats.handed(asked, time.perf_counter(), size, len(self.reorder))
         if self.pool.tuner is not None and self.yielded % 8 == 0 and self.pool.tuning():
             self.pool.retune(self.loader.stats())
         return batch
+
+    def _warn_len(self) -> None:
+        msg = (f"Length of IterableDataset {self.loader.dataset} was reported to be {self.len_said} (when "
+               f"accessing len(dataloader)), but {self.yielded} samples have been fetched. ")
+        if self.loader.num_workers > 0:
+            msg += ("For multiprocessing data-loading, this could be caused by not properly configuring the "
+                    "IterableDataset replica at each worker (see get_worker_info()).")
+        warnings.warn(msg, UserWarning, stacklevel=3)
 
     @property
     def ex(self) -> Any:
