@@ -98,14 +98,17 @@ def test_subset_parity(use_gen: bool) -> None:
 @pytest.mark.parametrize("weights", [[0.1, 0.9, 0.4, 0.7, 3.0, 0.6], [1.0, 0.0, 2.0], list(range(1, 50))])
 @pytest.mark.parametrize("num_samples", [1, 5, 100])
 @pytest.mark.parametrize("use_gen", [False, True])
-def test_weighted_parity(weights: list[float], num_samples: int, use_gen: bool) -> None:
+@pytest.mark.parametrize("replacement", [True, False])
+def test_weighted_parity(weights: list[float], num_samples: int, use_gen: bool, replacement: bool) -> None:
     torch, tud = _tdata()
+    if not replacement:
+        num_samples = min(num_samples, sum(1 for w in weights if w > 0))
 
-    def run(cls: Any) -> list[list[int]]:
+    def run(cls: Any) -> tuple[list[list[int]], float]:
         torch.manual_seed(2)
         gen = torch.Generator().manual_seed(9) if use_gen else None
-        s = cls(weights, num_samples, replacement=True, generator=gen)
-        return [list(s) for _ in range(2)]
+        s = cls(weights, num_samples, replacement=replacement, generator=gen)
+        return [list(s) for _ in range(2)], torch.rand(1).item()  # the draws, and the global RNG after
 
     assert run(WeightedRandomSampler) == run(tud.WeightedRandomSampler)
 

@@ -468,10 +468,12 @@ class SubsetRandomSampler(_Random):
 class WeightedRandomSampler(_Random):
     """Yields ``num_samples`` indices of ``weights``, each drawn with probability proportional to its weight.
 
-    With replacement and at most 2**24 weights, torch mode uses
-    ``torch.multinomial`` exactly as torch does. Larger weight arrays, seed
-    mode and ``replacement=False`` use numpy (inverse CDF; exponential keys),
-    so there is no cap on the number of categories. Zero weights are never drawn.
+    With at most 2**24 weights, torch mode uses ``torch.multinomial`` exactly
+    as torch does (with or without replacement: the same draws as torch's
+    sampler). Larger weight arrays and seed mode use numpy (inverse CDF;
+    exponential keys), so there is no cap on the number of categories. Zero
+    weights are never drawn. Bad weights raise ``ValueError`` when the sampler
+    is made (torch raises ``RuntimeError`` when it is iterated).
 
     Example:
         >>> list(WeightedRandomSampler([0.0, 1.0, 0.0], 3, seed=0))
@@ -534,8 +536,9 @@ class WeightedRandomSampler(_Random):
             torch = _torch.get()
             assert torch is not None
             gen = self._torch_start()
-            if self.replacement and len(self._w) <= MULTINOMIAL_LIMIT:
-                drawn = torch.multinomial(torch.from_numpy(self._w), self.num_samples, True, generator=gen)
+            if len(self._w) <= MULTINOMIAL_LIMIT:
+                drawn = torch.multinomial(torch.from_numpy(self._w), self.num_samples, self.replacement,
+                                          generator=gen)
                 yield from drawn.tolist()
                 return
             rng = self._torch_seed_for_numpy(gen)
