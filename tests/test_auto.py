@@ -242,3 +242,23 @@ def test_the_next_epoch_starts_from_the_workers_chosen_before() -> None:
     assert pool.tuner is tuner
     assert start == (chosen["num_workers"], chosen["fetch_threads"], chosen["prefetch_factor"], "workers")
     assert stats["workers_started"] and stats["main_process_batches"] == 0
+
+
+def test_fetch_threads_auto_needs_workers_to_tune() -> None:
+    # without workers nothing would tune it: an error, as prefetch_factor='auto' gives
+    with pytest.raises(ValueError, match="fetch_threads='auto'"):
+        DataLoader(Waits(), batch_size=8, fetch_threads="auto")
+
+
+@pytest.mark.timeout(60)
+def test_tuning_reports_the_settings_the_user_fixed_as_they_are() -> None:
+    # fetch_threads tuned, num_workers and prefetch_factor fixed: tuning() must not name
+    # values the tuner would like for those but may not apply
+    with DataLoader(Waits(), batch_size=8, num_workers=2, fetch_threads="auto", prefetch_factor=3,
+                    output="numpy") as loader:
+        _all(loader)
+        chosen = loader.tuning()
+        stats = loader.stats()
+    assert chosen is not None
+    assert chosen["num_workers"] == 2 and chosen["prefetch_factor"] == 3
+    assert chosen["fetch_threads"] >= 1 and stats["prefetch_factor"] == 3

@@ -403,6 +403,12 @@ def test_image_folder_draft_mode(image_tree: Path) -> None:
 def test_image_folder_custom_loader_and_errors(image_tree: Path, tmp_path: Path) -> None:
     ds = ImageFolder(image_tree, loader=lambda p: Path(p).name, extensions=(".txt",))
     assert ds[0] == ("notes.txt", 0) and len(ds) == 2
+    # torchvision's call: is_valid_file alone, and loader / is_valid_file by position
+    by_name = ImageFolder(image_tree, loader=lambda p: Path(p).name, is_valid_file=lambda p: p.endswith(".txt"))
+    by_position = ImageFolder(image_tree, None, None, lambda p: Path(p).name, lambda p: p.endswith(".txt"))
+    assert by_name[0] == by_position[0] == ("notes.txt", 0) and len(by_name) == len(by_position) == 2
+    with pytest.raises(ValueError, match="exactly one"):
+        ImageFolder(image_tree, is_valid_file=lambda p: True, extensions=(".txt",))
     (tmp_path / "empty_root").mkdir()
     with pytest.raises(FileNotFoundError):
         ImageFolder(tmp_path / "empty_root")

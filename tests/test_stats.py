@@ -80,6 +80,20 @@ def test_report_io_bound_suggests_fetch_threads() -> None:
     assert "bottleneck" in text and "fetch_threads=5" in text
 
 
+def test_report_io_bound_with_threads_never_suggests_fewer() -> None:
+    # 2 workers with 64 threads each, a batch every 1 ms of wall each, a step of 20 us: the
+    # fetches in flight must grow, not fall to 1 a worker
+    s = {"batches": 64, "steps": 63, "wait_fraction": 0.98, "step_per_batch_s": 2e-5, "num_workers": 2,
+         "fetch_threads": 64, "workers": {w: {"batches": 32, "busy_s": 0.032, "cpu_s": 0.008, "cpu_batches": 32}
+                                          for w in (0, 1)}}
+    # their fetches would keep up if all 64 were in flight: what holds them back is how many
+    # batches each worker holds
+    text = report(s, cores=1)
+    assert "should keep up" in text and "raise prefetch_factor" in text and "fetch_threads" not in text
+    s["fetch_threads"] = 4  # 250 us a batch a lane: 13 such workers, 52 fetches in flight
+    assert "fetch_threads=26 with num_workers=2 would hide it" in report(s, cores=1)
+
+
 def test_report_idle_workers() -> None:
     text = report(snap(run(8, batch_s=0.01, step_s=0.01), 8), cores=8)
     assert text.startswith("workers are idle") and "; 1 would do" in text

@@ -22,6 +22,7 @@ from .datasets import (
     TensorDataset,
     random_split,
 )
+from .device import DevicePrefetcher
 from .distributed import ShardedIterable, shard_iterable
 from .errors import WorkerError
 from .executors.recovery import WorkerDied
@@ -47,6 +48,7 @@ __all__ = sorted([
     "ConcatDataset",
     "DataLoader",
     "Dataset",
+    "DevicePrefetcher",
     "DistributedSampler",
     "ImageFolder",
     "IterableDataset",

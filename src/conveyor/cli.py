@@ -438,7 +438,7 @@ def parser() -> argparse.ArgumentParser:
     d.set_defaults(run=demo)
     t = sub.add_parser("tune", help="find the fastest settings for your own dataset",
                        description="Import MODULE, call FACTORY() for a dataset, and time conveyor's DataLoader "
-                                   "for every num_workers x fetch_threads pair (loading only, no training step).")
+                                   "for every num_workers x fetch_threads pair (loading only, unless --step-ms adds a simulated training step).")
     t.add_argument("factory", metavar="MODULE:FACTORY", help="e.g. mydata:make_dataset (imported from the cwd)")
     t.add_argument("--batch-size", type=int, required=True)
     t.add_argument("--workers", type=_ints, default=[0, 1, 2, 4], metavar="N,N,...", help="default 0,1,2,4")

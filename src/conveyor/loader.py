@@ -124,7 +124,8 @@ def _check_start_method(context: Any, num_workers: int) -> Any:
 class DataLoader(Generic[T]):
     """Batches from a dataset, fetched in the background: ``torch.utils.data.DataLoader``'s API.
 
-    Every argument of torch's DataLoader means what it means there. conveyor adds:
+    Every argument of torch's DataLoader means what it means there (the few places
+    where draws or timing differ are listed in docs/determinism.md). conveyor adds:
 
     * ``worker_type``: ``"process"`` (default, as torch) or ``"thread"``;
     * ``output``: ``"torch"`` (default when torch is installed) or ``"numpy"``;
@@ -198,6 +199,8 @@ class DataLoader(Generic[T]):
         if auto["num_workers"]:
             num_workers = _cores()  # the most the tuner may start; it begins with none
         if auto["fetch_threads"]:
+            if num_workers == 0:
+                raise ValueError("fetch_threads='auto' needs num_workers > 0 or num_workers='auto'")
             fetch_threads = 1
         if auto["prefetch_factor"]:
             if num_workers == 0:
@@ -552,7 +555,13 @@ class DataLoader(Generic[T]):
             snap["fetch_threads"] = pool.threads
             snap["prefetch_factor"] = pool.prefetch if pool.num_workers else None
             if pool.tuner is not None:
-                snap["tuning"] = pool.tuner.decision().to_dict()
+                # what "auto" chose for the settings it tunes; a setting the user fixed is
+                # reported as it is (the tuner's decision may name another it may not apply)
+                tuning = pool.tuner.decision().to_dict()
+                for name in ("num_workers", "fetch_threads", "prefetch_factor"):
+                    if not (self._auto or {}).get(name):
+                        tuning[name] = snap[name]
+                snap["tuning"] = tuning
         return snap
 
     def tuning(self) -> dict[str, Any] | None:

@@ -113,10 +113,17 @@ def report(snap: dict[str, Any], cores: int | None = None) -> str:
             more = f" (up to num_workers={cores} can help)" if nw < cores else ""
             parts.append(f"{head}; the training loop takes (almost) no time between batches, so loading sets "
                          f"the pace{more}")
-        elif io_bound:
+        elif io_bound and need > nw:
+            # ``need`` counts workers with this many threads each: the fetches in flight it takes
+            # are ``need * threads``, spread over the workers there are (64 threads at most each)
             per = max(1, nw)
+            lanes = need * threads
+            if math.ceil(lanes / per) <= 64:
+                advice = f"fetch_threads={math.ceil(lanes / per)} with num_workers={per}"
+            else:
+                advice = f"fetch_threads=64 with num_workers={math.ceil(lanes / 64)}"
             parts.append(f"{head}; fetches mostly wait on storage (CPU {_pct(ratio or 0)} of their time): "
-                         f"fetch_threads={min(64, math.ceil(need / per))} with num_workers={per} would hide it")
+                         f"{advice} would hide it")
         elif need > nw:
             if need <= cores:
                 parts.append(f"{head}; {_workers(need)} would hide it")

@@ -45,7 +45,7 @@ class Trace:
     three a batch, up to the limit, enough to set off the cyclic collector every ~250
     batches and, once ~40 thousand had piled up, a full collection of every object of
     the process (~0.1 s with torch imported) in the middle of an epoch. Here an event
-    is 26 bytes in four arrays and no object; iterating gives the tuples back.
+    is 21 bytes in four arrays and no object; iterating gives the tuples back.
 
     >>> t = Trace(limit=2); t.append("fetch", 0, 1.0, 2.0); t.append("wait", -2, 2.0, 2.5)
     >>> t.append("step", -2, 3.0, 4.0); list(t)

@@ -97,6 +97,13 @@ class _Samples(Sequence[tuple[str, int]]):
         return zip(self._paths, self._targets.tolist())
 
 
+class _Default:
+    """The type of an argument left unset."""
+
+
+_DEFAULT = _Default()
+
+
 class ImageFolder(Dataset[tuple[Any, Any]]):
     """Images in ``root/<class>/**/<file>``, labelled by their sorted class folder.
 
@@ -116,14 +123,19 @@ class ImageFolder(Dataset[tuple[Any, Any]]):
         root: str | os.PathLike[str],
         transform: Callable[[Any], Any] | None = None,
         target_transform: Callable[[int], Any] | None = None,
-        extensions: Sequence[str] | None = IMG_EXTENSIONS,
         loader: Callable[[str], Any] | None = None,
         is_valid_file: Callable[[str], bool] | None = None,
+        *,
+        extensions: Sequence[str] | None | _Default = _DEFAULT,
         size: Size | None = None,
         draft: bool = True,
     ) -> None:
+        # torchvision's order of arguments; ``extensions`` (torchvision's DatasetFolder's)
+        # defaults to image files unless ``is_valid_file`` decides
         if loader is None:
             _pil()  # fail now, with the install hint, rather than in a worker
+        if isinstance(extensions, _Default):
+            extensions = IMG_EXTENSIONS if is_valid_file is None else None
         if (extensions is None) == (is_valid_file is None):
             raise ValueError("pass exactly one of extensions and is_valid_file")
         self.root = os.fspath(root)
