@@ -206,3 +206,18 @@ def test_the_trace_allocates_no_object_per_event() -> None:
     assert grown < 100, grown
     assert len(st.trace) == 9000 - 1  # a fetch and a wait per batch, a step between two
     assert list(st.trace)[:3] == [("fetch", 0, 0.0, 0.5), ("wait", -2, 0.5, 0.75), ("fetch", 0, 1.0, 1.5)]
+
+
+def test_batches_gathered_in_bulk_are_counted_and_traced() -> None:
+    # an ArrayDataset batched in the main process: one gather for many batches, counted as
+    # main-process batches, its gathers on the main process's track
+    import numpy as np
+
+    from conveyor import ArrayDataset, DataLoader
+
+    loader = DataLoader(ArrayDataset(np.arange(64, dtype=np.float32)), batch_size=2, output="numpy")
+    n = sum(1 for _ in loader)
+    stats = loader.stats()
+    assert n == 32 and stats["main_process_batches"] == 32 and stats["workers"][-1]["batches"] == 32
+    events = list(loader._stats.trace)
+    assert any(kind == "fetch" and worker == -1 for kind, worker, _, _ in events)

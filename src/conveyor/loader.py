@@ -1514,6 +1514,7 @@ class _Run(Generic[T]):
             indices = slices.chunk(slices.per_chunk)
             if indices is None:
                 raise StopIteration
+            start = time.perf_counter()
             cols = self.loader.dataset.gather(indices, output=self.loader.output)
             size = slices.size
             if self.loader.output == "torch":
@@ -1526,6 +1527,9 @@ class _Run(Generic[T]):
             sizes = [size] * count
             sizes[-1] = len(indices) - size * (count - 1)
             self.ready.extend(zip(map(list, zip(*parts)), sizes))
+            # one event for the gather, counting its batches (main-process batches, as any)
+            self.stats.result(-1, start, 0.0, time.perf_counter(), batches=count)
+            self.pool.inline_batches += count
             self.bulk_seq = self.pool.seq
             self.pool.seq += count
             self.reorder.next = self.pool.seq
