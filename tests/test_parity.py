@@ -742,3 +742,29 @@ def test_a_stream_longer_than_its_len_warns_as_torchs(workers: int, batch_size: 
     theirs, mine = warned(tud), warned(conveyor)
     assert mine == theirs
     assert batch_size == 2 or theirs[1] > 0
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+@pytest.mark.parametrize("workers, persistent", [(0, False), (2, False), (2, True)])
+def test_a_datapipe_is_sharded_and_shuffled_as_torchs_loader_does(workers: int, persistent: bool) -> None:
+    # torch's (deprecated) DataPipes: shuffle= sets their shufflers, and each worker shards its
+    # copy after one shared shuffle: every item once an epoch, never twice
+    datapipes = pytest.importorskip("torch.utils.data.datapipes.iter")
+    pipe = datapipes.IterableWrapper(range(40)).shuffle().sharding_filter()
+    loader = conveyor.DataLoader(pipe, batch_size=4, shuffle=True, num_workers=workers,
+                                 persistent_workers=persistent)
+    epochs = [[int(v) for b in loader for v in b] for _ in range(2)]
+    for items in epochs:
+        assert sorted(items) == list(range(40))
+    assert epochs[0] != list(range(40)) and epochs[0] != epochs[1]
+    theirs = tud.DataLoader(datapipes.IterableWrapper(range(40)).shuffle().sharding_filter(), batch_size=4,
+                            shuffle=False, num_workers=workers)
+    mine = conveyor.DataLoader(datapipes.IterableWrapper(range(40)).shuffle().sharding_filter(), batch_size=4,
+                               shuffle=False, num_workers=workers)
+    assert [b.tolist() for b in mine] == [b.tolist() for b in theirs]  # shuffle=False: in order
+
+
+def test_a_datapipe_refuses_thread_workers_it_cannot_shard() -> None:
+    datapipes = pytest.importorskip("torch.utils.data.datapipes.iter")
+    with pytest.raises(ValueError, match="DataPipe"):
+        conveyor.DataLoader(datapipes.IterableWrapper(range(4)), num_workers=2, worker_type="thread")

@@ -43,3 +43,34 @@ def is_tensor(obj: object) -> bool:
 def is_generator(obj: object) -> bool:
     torch = sys.modules.get("torch")
     return torch is not None and isinstance(obj, torch.Generator)
+
+
+def is_datapipe(obj: object) -> bool:
+    """Is ``obj`` one of torch's IterDataPipes (deprecated in torch, still accepted by its loader)?"""
+    mod = sys.modules.get("torch.utils.data.datapipes.datapipe")
+    pipe = getattr(mod, "IterDataPipe", None) if mod is not None else None
+    return pipe is not None and isinstance(obj, pipe)
+
+
+def shard_datapipe(pipe: object, worker_id: int, num_workers: int) -> None:
+    """Apply a worker's sharding to its copy of ``pipe``, as torch's loader does in its workers:
+    across the ranks of torch.distributed first, then across the workers of each rank."""
+    torch = get()
+    assert torch is not None
+    from torch.utils.data import graph_settings
+
+    world, rank = 1, 0
+    dist = torch.distributed
+    if dist.is_available() and dist.is_initialized():
+        world, rank = dist.get_world_size(), dist.get_rank()
+    graph_settings.apply_sharding(pipe, num_workers * world, worker_id * world + rank)
+
+
+def seed_datapipe(pipe: object, seed: int) -> None:
+    """Seed ``pipe``'s random operations (its shuffles) alike in every worker of an epoch, so
+    that the shards are cut from one order, as torch's loader does."""
+    torch = get()
+    assert torch is not None
+    from torch.utils.data import graph_settings
+
+    graph_settings.apply_random_seed(pipe, torch.Generator().manual_seed(seed))

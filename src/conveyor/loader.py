@@ -275,6 +275,17 @@ class DataLoader(Generic[T]):
             self._auto["num_workers"] = False  # replicas shard by worker count: it cannot change
             if not any(self._auto.values()):
                 self._auto = None
+        if iterable and _torch.is_datapipe(dataset):
+            # torch's (deprecated) DataPipes: shuffle= sets their shufflers, as torch's loader does;
+            # each process worker shards its copy. Thread workers share one pipe: no shards.
+            if shuffle is not None:
+                from torch.utils.data import graph_settings
+
+                dataset = graph_settings.apply_shuffle_settings(dataset, shuffle=bool(shuffle))
+                shuffle = None
+            if worker_type == "thread" and num_workers > 1:
+                raise ValueError("a DataPipe is sharded across process workers, each with its own copy: "
+                                 "use worker_type='process' (or num_workers=1)")
         if iterable:
             if shuffle not in (False, None):
                 raise ValueError(f"DataLoader with IterableDataset: expected unspecified shuffle option, "

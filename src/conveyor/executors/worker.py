@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from .. import rng
+from .. import _torch, rng
 from ..collate import use_allocator
 from ..errors import Failure, capture
 from .fetchpool import Batch, FetchPool
@@ -325,6 +325,10 @@ class Fetcher:
                 # starts them from (seed, epoch), so an epoch's draws do not depend on the epochs
                 # this worker made before (persistent or not), and a resumed epoch repeats them
                 rng.seed_worker(rng.mix(self.spec.seed, task.epoch, 0x57EA) >> 1, self.worker_id)
+            if _torch.is_datapipe(self.dataset):
+                # every worker's shuffles alike within an epoch: the shards come from one order
+                base = self.spec.seed if self.spec.seed is not None else self.spec.base_seed
+                _torch.seed_datapipe(self.dataset, rng.mix(base, task.epoch, 0xD1E) >> 1)
             self.iterator = iter(self.dataset)
             self.iter_epoch = task.epoch
             self.exhausted = False
@@ -434,6 +438,8 @@ def start_worker(spec: WorkerSpec, worker_id: int, *, kind: str) -> Fetcher:
         if spec.rng_states and worker_id in spec.rng_states:
             spec.rng_states[worker_id].restore()
     _set_info(WorkerInfo(worker_id, spec.num_workers, seed, spec.dataset, kind), thread=thread)
+    if not thread and spec.iterable and _torch.is_datapipe(spec.dataset):
+        _torch.shard_datapipe(spec.dataset, worker_id, spec.num_workers)  # this process's copy
     if spec.worker_init_fn is not None:
         spec.worker_init_fn(worker_id)
     return Fetcher(spec, worker_id, shared_rng=thread,
