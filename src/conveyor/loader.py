@@ -32,6 +32,7 @@ import numpy as np
 from . import _torch, rng
 from .collate import default_collate, default_convert, numpy_collate
 from .errors import Failure, capture, rebuild
+from .executors import inherit
 from .executors.inline import InlineExecutor
 from .executors.processes import ProcessExecutor
 from .executors.recovery import Recovery, WorkerDied
@@ -386,6 +387,9 @@ class DataLoader(Generic[T]):
         self._last_ref: weakref.ref[_Run[T]] | None = None
         self._last_pool: _Pool | None = None  # for stats() after the run is gone
         self._recycler = Recycler()  # memory of large main-process batches the user has dropped
+        # descriptors open before this loader's main process first touched the dataset (files
+        # it opens since are made private to each forked worker: executors/inherit.py)
+        self._fd_mark: list[dict[int, tuple[int, int]] | None] = []
         self._slot_pinner = _pinner(self)
         self._device_stage: Any = None
         if self._device_args is not None:
@@ -869,6 +873,8 @@ class _Pool:
         self.context = loader.multiprocessing_context
         self.pinner = loader._slot_pinner
         self.recycler = loader._recycler  # large batches made in this process reuse memory
+        self.fd_mark = loader._fd_mark  # shared with the loader: noted once, before its first batch here
+        self._keeps_files = False
         self.dead = False
         self.seq = 0  # next task number; grows across epochs
         self._holder: list[Any] = []  # the executor, once started
@@ -919,7 +925,7 @@ class _Pool:
         """Start where "auto" got to in the epochs before (workers that do not persist are
         new every epoch): no probing batches, and the tuner goes on from its last choice."""
         auto = self.auto or {}
-        if auto.get("fetch_threads"):
+        if auto.get("fetch_threads") and not self.keeps_files():
             self.threads = kept.fetch_threads
         if auto.get("prefetch_factor") and kept.prefetch_factor:
             self.prefetch = kept.prefetch_factor
@@ -944,8 +950,10 @@ class _Pool:
                 ex: Any = ThreadExecutor(self.spec, self.num_workers)
             else:
                 me = weakref.ref(self)
+                mark = self.fd_mark
                 ex = ProcessExecutor(lambda: getattr(me(), "spec", None), self.num_workers, self.context,
-                                     pinner=self.pinner)
+                                     pinner=self.pinner,
+                                     private_files=lambda: inherit.opened_since(mark[0] if mark else None))
             self._holder.append(ex)
             self._closers.append(ex)
             self.launched = True
@@ -988,6 +996,8 @@ class _Pool:
     def local_fetcher(self) -> Fetcher:
         """The main process's own fetcher (made on first use)."""
         if not self._locals:
+            if not self.fd_mark and self.worker_type == "process" and (self.num_workers or self.auto):
+                self.fd_mark.append(inherit.open_fds())  # before this process first touches the dataset
             # thread workers share this process's RNGs: its seeded samples take the lock too
             fetcher = Fetcher(self.spec, None, shared_rng=self.worker_type == "thread")
             fetcher.alloc = self.recycler
@@ -1194,9 +1204,20 @@ class _Pool:
             return self.threads
         if self.tuner is not None:
             self.tuner.note_waiting()
-        if self.auto is None or not self.auto["fetch_threads"]:
+        if self.auto is None or not self.auto["fetch_threads"] or self.keeps_files():
             return self.threads
         return min(MAX_THREADS, max(2, math.ceil(1 / max(busy, 1 / MAX_THREADS))))
+
+    def keeps_files(self) -> bool:
+        """Has the dataset opened files it keeps open (a lazily opened handle), as far as the
+        main process saw? Threads of one worker would share such a handle, and a ``seek`` in
+        one moves the others' reads: "auto" then leaves fetch threads at what they are
+        (``fetch_threads=N`` still forces them)."""
+        if not self._keeps_files:
+            self._keeps_files = bool(inherit.opened_since(self.fd_mark[0] if self.fd_mark else None))
+            if self._keeps_files and self.tuner is not None:
+                self.tuner.one_thread("the dataset keeps files open, which fetch threads would share: 1 thread")
+        return self._keeps_files
 
     def tuning(self) -> bool:
         """Is the tuner still open to change (so worth a stats snapshot)?"""
@@ -1217,7 +1238,8 @@ class _Pool:
             return  # the main-process probe decides that
         if auto.get("num_workers") and self.started and workers < self.num_workers:
             workers = self.num_workers  # never stop workers mid-run: they cost nothing idle
-        threads = tuner.steer_threads(self.threads) if auto.get("fetch_threads") else self.threads
+        threads = (tuner.steer_threads(self.threads) if auto.get("fetch_threads") and not self.keeps_files()
+                   else self.threads)
         prefetch = (d.prefetch_factor or 2) if auto.get("prefetch_factor") else self.prefetch
         self.apply(workers, threads, prefetch)
 

@@ -216,6 +216,7 @@ class Tuner:
         self.patience = patience
         self.settle_after = settle_after
         self.max_threads = max_threads
+        self.cap_why = ""  # why max_threads was lowered (one_thread)
         self._current = start or Decision(0, 1, None, "not measured yet", False)
         self._pinned: Decision | None = None
         self._settled = False
@@ -272,6 +273,16 @@ class Tuner:
         d = decision if isinstance(decision, Decision) else Decision.from_dict(decision)
         self._pinned = replace(d, settled=True, reason=f"pinned: {d.reason}" if d.reason else "pinned")
         return self._pinned
+
+    def one_thread(self, why: str) -> None:
+        """Never more than one fetch thread a worker from now on (``why`` joins the reason)."""
+        if self.max_threads == 1:
+            return
+        self.max_threads = 1
+        self.cap_why = why
+        self.thread_steer = ThreadSteer()
+        if self._current.fetch_threads > 1:
+            self._current = replace(self._current, fetch_threads=1, reason=f"{self._current.reason}; {why}")
 
     def note_waiting(self) -> None:
         """The loader saw a batch wait rather than compute (its CPU under half its wall time)
@@ -350,7 +361,8 @@ class Tuner:
             workers = max(1, min(cpu_need, self.cpu))
             threads = min(self.max_threads, max(1, math.ceil(lanes / workers)))
             if lanes > workers * self.max_threads:
-                cap_note = f"; {lanes} fetches at once would hide loading, capped at {self.max_threads} threads"
+                cap_note = (f"; {lanes} fetches at once would hide loading, but {self.cap_why}" if self.cap_why
+                            else f"; {lanes} fetches at once would hide loading, capped at {self.max_threads} threads")
         cv = e["std"] / busy if busy > 0 else 0.0
         prefetch = 4 if cv > 0.5 else 2
         mem_note = ""

@@ -59,7 +59,7 @@ class ProcessExecutor:
     kind = "process"
 
     def __init__(self, spec: WorkerSpec | Callable[[], WorkerSpec], num_workers: int, context: Any = None,
-                 *, pinner: Any = None) -> None:
+                 *, pinner: Any = None, private_files: Callable[[], tuple[int, ...]] | None = None) -> None:
         if context is None:
             context = mp.get_context()
         elif isinstance(context, str):
@@ -71,6 +71,9 @@ class ProcessExecutor:
         # they may refer to) reachable, or a loader dropped in a reference cycle would live on
         self._spec_of: Callable[[], WorkerSpec] = spec if callable(spec) else (lambda: spec)
         self.output = self.spec.output
+        # descriptors of files the main process opened through the dataset, to be made private
+        # to each forked worker (inherit.py); asked at each fork, as more may have been opened
+        self._private_files = private_files
         self.num_workers = num_workers
         self.ledger = Ledger(num_workers)
         self.prefix = transport.new_prefix() if transport.available() else ""
@@ -107,9 +110,10 @@ class ProcessExecutor:
         self.hung.discard(w)
         task_r, task_w = self.ctx.Pipe(duplex=False)
         res_r, res_w = self.ctx.Pipe(duplex=False)
+        private = self._private_files() if self._private_files is not None and self.method == "fork" else ()
         proc = self.ctx.Process(
             target=serve,
-            args=(self.spec, w, gen, task_r, res_w, self.parent_pid, self.prefix),
+            args=(self.spec, w, gen, task_r, res_w, self.parent_pid, self.prefix, private),
             name=f"conveyor-worker-{w}",
             daemon=True,
         )

@@ -449,9 +449,13 @@ def start_worker(spec: WorkerSpec, worker_id: int, *, kind: str) -> Fetcher:
 # -- the process worker's loop ----------------------------------------------
 
 def serve(spec: WorkerSpec, worker_id: int, gen: int, tasks: Any, results: Any,
-          parent_pid: int, prefix: str) -> None:
+          parent_pid: int, prefix: str, private_files: tuple[int, ...] = ()) -> None:
     """Entry point of a process worker: read ``Order``s, answer ``Result``s."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the main process's to handle
+    if private_files:
+        from .inherit import reopen_private
+
+        reopen_private(private_files)  # files the main process opened through the dataset
     if WORKER_NICE:
         try:
             # loading fills the cores the training loop leaves idle; where both want the same
