@@ -390,6 +390,7 @@ class DataLoader(Generic[T]):
         # descriptors open before this loader's main process first touched the dataset (files
         # it opens since are made private to each forked worker: executors/inherit.py)
         self._fd_mark: list[dict[int, tuple[int, int]] | None] = []
+        self._forked: list[bool] = []  # a pool of this loader has started process workers
         self._slot_pinner = _pinner(self)
         self._device_stage: Any = None
         if self._device_args is not None:
@@ -875,6 +876,7 @@ class _Pool:
         self.recycler = loader._recycler  # large batches made in this process reuse memory
         self.fd_mark = loader._fd_mark  # shared with the loader: noted once, before its first batch here
         self._keeps_files = False
+        self.forked = loader._forked
         self.dead = False
         self.seq = 0  # next task number; grows across epochs
         self._holder: list[Any] = []  # the executor, once started
@@ -951,9 +953,13 @@ class _Pool:
             else:
                 me = weakref.ref(self)
                 mark = self.fd_mark
+                # a loader's first workers may collect loaders dropped before in reference cycles
+                # (a full collection); its later epochs' pools need not (see processes._freeze)
+                first, self.forked[:] = not self.forked, [True]
                 ex = ProcessExecutor(lambda: getattr(me(), "spec", None), self.num_workers, self.context,
                                      pinner=self.pinner,
-                                     private_files=lambda: inherit.opened_since(mark[0] if mark else None))
+                                     private_files=lambda: inherit.opened_since(mark[0] if mark else None),
+                                     collect=first)
             self._holder.append(ex)
             self._closers.append(ex)
             self.launched = True

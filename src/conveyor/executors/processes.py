@@ -59,7 +59,8 @@ class ProcessExecutor:
     kind = "process"
 
     def __init__(self, spec: WorkerSpec | Callable[[], WorkerSpec], num_workers: int, context: Any = None,
-                 *, pinner: Any = None, private_files: Callable[[], tuple[int, ...]] | None = None) -> None:
+                 *, pinner: Any = None, private_files: Callable[[], tuple[int, ...]] | None = None,
+                 collect: bool = True) -> None:
         if context is None:
             context = mp.get_context()
         elif isinstance(context, str):
@@ -85,6 +86,7 @@ class ProcessExecutor:
         self.hung: set[int] = set()  # workers a timeout found stuck: close() kills them at once
         self.pending_freed: dict[tuple[int, int], list[int]] = {}  # (worker, gen) -> slot ids
         self.froze = False  # this pool holds a gc freeze (fork only)
+        self.collect = collect  # may collect what the freeze kept when another pool holds it
         # one poll set for every result pipe and sentinel, kept across calls
         self._poller = select.poll() if hasattr(select, "poll") else None
         self._fds: dict[int, tuple[int, bool]] = {}  # fd -> (worker, is its sentinel)
@@ -119,7 +121,7 @@ class ProcessExecutor:
         )
         if self.method == "fork" and not self.froze:
             self.froze = True
-            _freeze()
+            _freeze(self.collect)
         try:
             proc.start()
         except Exception as exc:
@@ -447,22 +449,39 @@ _freezes = 0
 _user_froze = False
 
 
-def _freeze() -> None:
+def _freeze(collect: bool = True) -> None:
     global _freezes, _user_froze
     if not hasattr(gc, "freeze"):
         return
     if _freezes == 0:
         _user_froze = gc.get_freeze_count() > 0
-    elif not _user_froze:
+    elif not _user_froze and collect:
         # another pool holds the freeze: a loader dropped since in a reference cycle was frozen
         # with everything else and could never be collected (nor its workers stopped). Collect
-        # such loaders now, once, before freezing anew
+        # such loaders now, once, before freezing anew. Only for a loader's first workers (a
+        # new loader, as in k-fold): a full collection of a large heap takes ~0.3 s, and a
+        # validation loader iterated every few steps would pay it every pass
         gc.unfreeze()
         gc.collect()
         if _freezes == 0:  # the collection closed the pools that held it
             _user_froze = gc.get_freeze_count() > 0
     _freezes += 1
     gc.freeze()
+    if _see_full_collections not in gc.callbacks:
+        gc.callbacks.append(_see_full_collections)
+
+
+def _see_full_collections(phase: str, info: dict[str, int]) -> None:
+    """A full collection (the user's ``gc.collect()``, say) looks at frozen objects too, and
+    what survives it is frozen again: a loader dropped in a reference cycle is collected
+    (and its workers stopped) when the user asks for it, as it would be without a freeze.
+    Younger collections, the frequent ones, still leave the frozen objects alone."""
+    if info.get("generation") != 2 or _freezes == 0 or _user_froze:
+        return
+    if phase == "start":
+        gc.unfreeze()
+    else:
+        gc.freeze()
 
 
 def _unfreeze() -> None:
