@@ -481,3 +481,41 @@ def test_forkserver_workers_idle_between_epochs_stay() -> None:
         assert [repr(b) for b in loader] == first
         stats = loader.stats()
     assert stats["restarts"] == 0 and not stats["deaths"], stats["deaths"]
+
+
+class _SlowEven(tud.Dataset):
+    """64 rows of 16 KiB (batches large enough for shared-memory slots); worker 0's batches (the even
+    ones, batch size 4) take 0.05 s a row, worker 1's none."""
+
+    def __len__(self) -> int:
+        return 64
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        if (i // 4) % 2 == 0:
+            time.sleep(0.05)
+        return torch.full((64, 64), float(i))
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("persistent", [False, True])
+def test_a_worker_killed_while_its_finished_batches_wait_loses_none(persistent: bool) -> None:
+    # worker 1's batches 1 and 3 wait in the main process behind worker 0's slow batch 2 when
+    # worker 1 is killed: its slots were unlinked with it, and reading them later failed
+    # (FileNotFoundError). Each kill also left the dead worker's slots mapped until close().
+    loader = conveyor.DataLoader(_SlowEven(), batch_size=4, num_workers=2, persistent_workers=persistent, **WORKERS)
+    with loader:
+        for epoch in range(3):
+            it = iter(loader)
+            got = [next(it)]
+            ex = loader._last_run.pool.executor
+            deadline = time.monotonic() + 20
+            while len(loader._last_run.reorder.buffer) < 1 and time.monotonic() < deadline:
+                time.sleep(0.02)
+                for ev in ex.poll(0):
+                    loader._last_run._absorb([ev])
+            os.kill(ex.workers[1].proc.pid, signal.SIGKILL)
+            got += list(it)
+            assert [int(b[0, 0, 0]) for b in got] == list(range(0, 64, 4)), epoch
+            del got, it
+            assert all(key[1] >= ex.gens[key[0]] for key in ex.views.segments), "a dead worker's slots stay mapped"
+        assert loader.stats()["restarts"] == 3

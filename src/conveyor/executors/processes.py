@@ -85,6 +85,10 @@ class ProcessExecutor:
         self.warned = False
         self.hung: set[int] = set()  # workers a timeout found stuck: close() kills them at once
         self.pending_freed: dict[tuple[int, int], list[int]] = {}  # (worker, gen) -> slot ids
+        # results received and not yet decoded or released, by (worker, gen): their slots must
+        # stay readable when that worker dies and its segments are unlinked
+        self.undecoded: dict[tuple[int, int], dict[int, tuple[tuple[int, str], ...]]] = {}
+        self.dying: set[tuple[int, int]] = set()  # dead generations whose slots are still to be read
         self.froze = False  # this pool holds a gc freeze (fork only)
         self.collect = collect  # may collect what the freeze kept when another pool holds it
         # one poll set for every result pipe and sentinel, kept across calls
@@ -261,6 +265,9 @@ class ProcessExecutor:
 
     def _note(self, w: int, wk: _Worker, msg: Result) -> None:
         self.ledger.done(w, msg.seq)
+        packed = msg.batch
+        if isinstance(packed, transport.Packed) and packed.slots:
+            self.undecoded.setdefault((packed.worker, packed.gen), {})[msg.seq] = packed.slots
         if msg.retired:
             self.views.retire(w, wk.gen, list(msg.retired))
         if msg.warning and not self.warned:
@@ -312,9 +319,21 @@ class ProcessExecutor:
     def restart(self, worker: int) -> list[Task]:
         """Replace a dead worker (new generation); its unfinished tasks are returned."""
         old = self.workers[worker]
+        if self.closed:
+            raise RuntimeError("this DataLoader's workers were shut down")
         if old is not None:
             self._unwatch(old)
             self._reap(old)
+            # batches it finished that wait to be handed out are read from its slots later:
+            # map those now, before the slots are unlinked; the rest of its mappings go
+            key = (worker, old.gen)
+            for slots in self.undecoded.get(key, {}).values():
+                for slot_id, name in slots:
+                    self.views.keep((worker, old.gen, slot_id), name)
+            if key in self.undecoded:
+                self.dying.add(key)
+            else:
+                self.views.forget_worker(worker, old.gen)
             transport.sweep(f"{self.prefix}w{worker}g{old.gen}_")
             self.pending_freed.pop((worker, old.gen), None)
         tasks = self.ledger.take(worker)
@@ -377,12 +396,28 @@ class ProcessExecutor:
         if isinstance(packed, transport.Packed) and packed.slots:
             key = (packed.worker, packed.gen)
             self.pending_freed.setdefault(key, []).extend(i for i, _ in packed.slots)
+            self._read(key, result.seq)
 
     def decode(self, result: Result) -> Any:
         packed = result.batch
         if isinstance(packed, transport.Packed):
-            return transport.decode(packed, self.views, output=self.output)
+            batch = transport.decode(packed, self.views, output=self.output)
+            if packed.slots:
+                self._read((packed.worker, packed.gen), result.seq)
+            return batch
         return packed
+
+    def _read(self, key: tuple[int, int], seq: int) -> None:
+        """A result's slots were read (or will not be): a dead generation with none left to
+        read gives up its mappings (views the user holds keep theirs)."""
+        waiting = self.undecoded.get(key)
+        if waiting is not None:
+            waiting.pop(seq, None)
+            if not waiting:
+                del self.undecoded[key]
+        if key in self.dying and key not in self.undecoded:
+            self.dying.discard(key)
+            self.views.forget_worker(*key)
 
     # -- shutdown ---------------------------------------------------------
     def _reap(self, wk: _Worker, timeout: float = 5.0) -> None:

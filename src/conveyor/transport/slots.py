@@ -193,6 +193,16 @@ class Views:
         weakref.finalize(arr, self.freed.append, key)
         return arr
 
+    def keep(self, key: tuple[int, int, int], name: str) -> None:
+        """Map a slot now (if it still exists), so that it can be read after it is unlinked."""
+        if key not in self.segments:
+            try:
+                self.segments[key] = Segment.attach(name)
+            except OSError:
+                return
+            if self.pinner is not None:
+                self.pinner.register(self.segments[key])
+
     def take_freed(self) -> list[tuple[int, int, int]]:
         out = []
         freed = self.freed
