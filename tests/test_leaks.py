@@ -14,11 +14,13 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
+import torch.utils.data as tud
 
 import conveyor
 from helpers import (
@@ -268,3 +270,33 @@ def test_a_loader_iterated_again_does_not_collect_the_whole_heap_each_time() -> 
         del it
         train.close()
         val.close()
+
+
+class _Slow(tud.Dataset):
+    def __len__(self) -> int:
+        return 64
+
+    def __getitem__(self, i: int) -> int:
+        time.sleep(0.2)
+        return i
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("persistent", [False, True])
+def test_close_from_another_thread_ends_the_waiting_next(persistent: bool) -> None:
+    # the main thread waits in next() when another thread closes the loader: the stopping
+    # workers were taken for dead and restarted (and never stopped), and next() waited forever
+    import threading
+
+    loader = conveyor.DataLoader(_Slow(), batch_size=2, num_workers=2, persistent_workers=persistent, **WORKERS)
+    it = iter(loader)
+    next(it)
+    closer = threading.Thread(target=lambda: (time.sleep(0.3), loader.close()))
+    closer.start()
+    with pytest.raises(StopIteration):
+        for _ in range(40):
+            next(it)
+    closer.join(10)
+    assert not closer.is_alive()
+    assert wait_until(lambda: not children(), 10), f"workers left: {children()}"
+    assert loader.stats()["restarts"] == 0

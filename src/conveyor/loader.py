@@ -1487,6 +1487,8 @@ class _Run(Generic[T]):
                     return out
                 waited_since = time.monotonic()
                 continue
+            if self.finished or pool.dead:
+                raise StopIteration  # close() from another thread ended this epoch
             self._fill()
             if not self.inflight and self.sampler_done and not len(self.reorder):
                 raise StopIteration
@@ -1733,6 +1735,8 @@ class _Run(Generic[T]):
 
     # -- faults -------------------------------------------------------------
     def _on_death(self, death: Death) -> None:
+        if self.finished or self.pool.dead:
+            raise StopIteration  # workers stopped by close() (from another thread): no restart
         self.stats.deaths.append(death.describe())
         if not self.recovery.should_restart(death):
             err = self.recovery.error()
