@@ -211,14 +211,19 @@ KILLED = textwrap.dedent("""
 
 
 @pytest.mark.timeout(90)
+@pytest.mark.parametrize("how", ["sigkill_main", "sigterm_group", "sighup_group"])
 @pytest.mark.parametrize("workers_are", ["idle", "stuck"])
-def test_main_process_sigkill(tmp_path: Path, script_env: dict[str, str], workers_are: str) -> None:
-    # workers between batches notice at once; workers stuck inside a sample have a watchdog
-    # thread that frees their shared memory and stack file and ends them
+def test_main_process_killed(tmp_path: Path, script_env: dict[str, str], workers_are: str, how: str) -> None:
+    # SIGKILL to the main process: workers between batches notice at once; workers stuck
+    # inside a sample have a watchdog thread that frees their shared memory and stack file
+    # and ends them. SIGTERM/SIGHUP to the whole group (timeout, systemd, scancel) ends the
+    # main process before it can sweep: each worker removes its own.
+    import tempfile
+
     script = tmp_path / "killed.py"
     script.write_text(KILLED)
     proc = subprocess.Popen([sys.executable, str(script), workers_are], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=script_env)
+                            stderr=subprocess.PIPE, text=True, env=script_env, start_new_session=True)
     try:
         line = proc.stdout.readline() if proc.stdout else ""
         if not line.startswith("READY"):
@@ -227,11 +232,18 @@ def test_main_process_sigkill(tmp_path: Path, script_env: dict[str, str], worker
         pid, *workers = (int(x) for x in line.split()[1:])
         assert len(workers) >= 2, f"expected 2 worker processes, found {workers}"
         assert shm_entries(pid), "the held batches should live in /dev/shm"
-        os.kill(pid, signal.SIGKILL)
+        if how == "sigkill_main":
+            os.kill(pid, signal.SIGKILL)
+        else:
+            os.killpg(pid, signal.SIGTERM if how == "sigterm_group" else signal.SIGHUP)
         proc.wait(10)
         assert wait_until(lambda: not any(pid_alive(w) for w in workers), 10), \
             f"workers {[w for w in workers if pid_alive(w)]} outlived their killed parent"
         assert wait_until(lambda: not shm_entries(pid), 10), f"left in /dev/shm: {sorted(shm_entries(pid))}"
+
+        def stacks() -> list[str]:
+            return [n for n in os.listdir(tempfile.gettempdir()) if n.startswith(f"conveyor_{pid}_")]
+        assert wait_until(lambda: not stacks(), 10), f"stack files left: {stacks()}"
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -484,6 +484,18 @@ def serve(spec: WorkerSpec, worker_id: int, gen: int, tasks: Any, results: Any,
             pool.close()  # the main thread may be using it: the last thing done before exiting
 
     _watchdog(parent, cleanup)
+
+    def on_term(signum: int, frame: Any) -> None:
+        # SIGTERM/SIGHUP to the whole process group (timeout, systemd, SLURM's scancel, a
+        # closed terminal) ends the main process before it can sweep: each worker removes its
+        # own slots and stack file, then dies of the signal as it would have
+        cleanup()
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+
+    for sig in (signal.SIGTERM, getattr(signal, "SIGHUP", None)):
+        if sig is not None:
+            signal.signal(sig, on_term)
     try:
         try:
             fetcher = start_worker(spec, worker_id, kind="process")
