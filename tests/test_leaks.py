@@ -312,3 +312,35 @@ def test_close_from_another_thread_ends_the_waiting_next(persistent: bool) -> No
     assert not closer.is_alive()
     assert wait_until(lambda: not children(), 10), f"workers left: {children()}"
     assert loader.stats()["restarts"] == 0
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("where", ["inside_start", "after_start"])
+def test_ctrl_c_while_a_worker_is_forked_leaves_no_worker(monkeypatch: pytest.MonkeyPatch, where: str) -> None:
+    # an interrupt landing right after fork(), before multiprocessing records the child (or
+    # before conveyor records the process), left a worker that close() never stopped
+    from multiprocessing import popen_fork
+
+    from conveyor.executors import processes
+
+    if where == "inside_start":
+        launch = popen_fork.Popen._launch
+
+        def interrupted(self: Any, process_obj: Any) -> None:
+            launch(self, process_obj)
+            raise KeyboardInterrupt
+
+        monkeypatch.setattr(popen_fork.Popen, "_launch", interrupted)
+    else:
+        def interrupted_worker(*args: Any) -> Any:
+            raise KeyboardInterrupt
+
+        monkeypatch.setattr(processes, "_Worker", interrupted_worker)
+    loader = conveyor.DataLoader(Squares(), batch_size=2, num_workers=2, multiprocessing_context="fork", **WORKERS)
+    with pytest.raises(KeyboardInterrupt):
+        next(iter(loader))
+    loader.close()
+    monkeypatch.undo()
+    assert wait_until(lambda: not children(), 10), f"workers left: {children()}"
+    assert len(list(loader)) == len(loader)  # and the loader works again
+    loader.close()

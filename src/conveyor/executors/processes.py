@@ -15,6 +15,7 @@ import multiprocessing as mp
 import os
 import select
 import signal
+import threading
 import time
 import warnings
 from multiprocessing.connection import Connection, wait
@@ -126,18 +127,36 @@ class ProcessExecutor:
         if self.method == "fork" and not self.froze:
             self.froze = True
             _freeze(self.collect)
+        before = _my_children()
         try:
             proc.start()
-        except Exception as exc:
-            task_r.close(), task_w.close(), res_r.close(), res_w.close()
-            if self.method != "fork":
+            task_r.close()
+            res_w.close()
+            wk = _Worker(proc, task_w, res_r, gen)
+            self.workers[w] = wk  # recorded at once: close() now knows it, whatever comes next
+            return wk
+        except BaseException as exc:
+            # a start that failed, or Ctrl-C while forking: a child that started is recorded
+            # nowhere close() looks (the interrupt may land before multiprocessing keeps its
+            # pid), so stop it here
+            started = getattr(proc, "_popen", None) is not None
+            if started:
+                proc.kill()
+                proc.join(2.0)
+            for pid in _my_children() - before:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                    os.waitpid(pid, 0)
+                except OSError:
+                    pass
+            transport.sweep(f"{self.prefix}w{w}g{gen}_")
+            for conn in (task_r, task_w, res_r, res_w):
+                conn.close()
+            if isinstance(exc, Exception) and not started and self.method != "fork":
                 exc.add_note(f"Starting worker {w} with the '{self.method}' start method pickles the "
                              "dataset, collate_fn and worker_init_fn: each must be picklable "
                              "(defined at module level, not a lambda or a local function).")
             raise
-        task_r.close()
-        res_w.close()
-        return _Worker(proc, task_w, res_r, gen)
 
     # -- running ----------------------------------------------------------
     def submit(self, worker: int, tasks: list[Task]) -> None:
@@ -526,6 +545,15 @@ def _unfreeze() -> None:
     _freezes -= 1
     if _freezes == 0 and not _user_froze:
         gc.unfreeze()
+
+
+def _my_children() -> set[int]:
+    """Processes this thread forked (Linux: /proc/self/task/<tid>/children), else none known."""
+    try:
+        with open(f"/proc/self/task/{threading.get_native_id()}/children") as f:
+            return {int(x) for x in f.read().split()}
+    except (OSError, ValueError):
+        return set()
 
 
 def _sweep_stacks(prefix: str) -> None:
