@@ -344,3 +344,29 @@ def test_ctrl_c_while_a_worker_is_forked_leaves_no_worker(monkeypatch: pytest.Mo
     assert wait_until(lambda: not children(), 10), f"workers left: {children()}"
     assert len(list(loader)) == len(loader)  # and the loader works again
     loader.close()
+
+
+@pytest.mark.timeout(60)
+def test_a_close_cut_short_by_ctrl_c_is_finished_by_the_next(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Ctrl-C while close() waited for a worker made every later close() a no-op: workers,
+    # slots and the gc freeze stayed until exit
+    import multiprocessing.process as mpp
+
+    join = mpp.BaseProcess.join
+    calls = []
+
+    def interrupted(self: Any, timeout: float | None = None) -> None:
+        if not calls:
+            calls.append(1)
+            raise KeyboardInterrupt
+        join(self, timeout)
+
+    loader = conveyor.DataLoader(Squares(), batch_size=2, num_workers=2, persistent_workers=True, **WORKERS)
+    assert len(list(loader)) == len(loader)
+    monkeypatch.setattr(mpp.BaseProcess, "join", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        loader.close()
+    monkeypatch.undo()
+    loader.close()
+    assert wait_until(lambda: not children(), 10), f"workers left: {children()}"
+    assert gc.get_freeze_count() == 0

@@ -466,31 +466,35 @@ class ProcessExecutor:
             pass
 
     def close(self) -> None:
-        if self.closed or os.getpid() != self.parent_pid:
+        # ``closed`` stops restarts at once; ``_shut`` says every step ran. A close() cut short
+        # (Ctrl-C while it waits for a worker) is finished by the next call: each step can run
+        # again, and a worker is forgotten only once it is reaped.
+        if getattr(self, "_shut", False) or os.getpid() != self.parent_pid:
             return  # a forked child inherits this object: only its creator may close it
         self.closed = True
-        workers = [wk for wk in self.workers if wk is not None]
-        for w, wk in enumerate(self.workers):
-            if wk is not None and w in self.hung:
+        live = [(w, wk) for w, wk in enumerate(self.workers) if wk is not None]
+        for w, wk in live:
+            if w in self.hung:
                 wk.proc.kill()  # stuck in a sample: it would not read the stop order in time
-        for wk in workers:
+        for _, wk in live:
             try:
                 wk.tasks.send(Order(stop=True))
             except (BrokenPipeError, OSError):
                 pass
         deadline = time.monotonic() + 5.0
-        for wk in workers:
+        for _, wk in live:
             wk.proc.join(max(0.0, deadline - time.monotonic()))
-        for wk in workers:
+        for w, wk in live:
             self._unwatch(wk)
             self._reap(wk, timeout=0.0)
-        self.workers = [None] * self.num_workers
+            self.workers[w] = None
         self.views.close()
         transport.sweep(self.prefix)
         _sweep_stacks(self.prefix)
         if self.froze:
             self.froze = False
             _unfreeze()
+        self._shut = True
 
 
 # Copy-on-read: a garbage collection walks every tracked object and writes to its
