@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import os
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -183,3 +184,23 @@ def test_threads_and_inline_match_processes(make: Any) -> None:
         for e in range(2):
             same_epochs(other[e], runs[0][e])
     same(runs[0][0][0], runs[1][0][0])
+
+
+def test_closing_stuck_thread_workers_waits_once_for_all(monkeypatch: pytest.MonkeyPatch) -> None:
+    # close() gave each stuck thread its own 5 s (4 threads: 20 s, at exit too); one deadline
+    # now covers them all. The threads here are stand-ins that never finish, on a fake clock.
+    from conveyor.executors import threads as threads_mod
+
+    now = [0.0]
+    waited: list[float] = []
+
+    class Stuck:
+        def join(self, timeout: float | None = None) -> None:
+            waited.append(timeout or 0.0)
+            now[0] += timeout or 0.0
+
+    monkeypatch.setattr(threads_mod.time, "monotonic", lambda: now[0])
+    ex = threads_mod.ThreadExecutor.__new__(threads_mod.ThreadExecutor)
+    ex.closed, ex.pid, ex.queues, ex.threads = False, os.getpid(), [], [Stuck() for _ in range(4)]
+    ex.close(timeout=5.0)
+    assert sum(waited) == pytest.approx(5.0)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import queue
 import threading
+import time
 from typing import Any
 
 from ..errors import capture
@@ -147,5 +148,6 @@ class ThreadExecutor:
         self.closed = True
         for q in self.queues:
             q.put(_STOP)
+        deadline = time.monotonic() + timeout  # one wait for all: 4 stuck threads took 20 s
         for t in self.threads:
-            t.join(timeout)
+            t.join(max(0.0, deadline - time.monotonic()))
