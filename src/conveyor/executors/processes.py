@@ -83,6 +83,7 @@ class ProcessExecutor:
         self.workers: list[_Worker | None] = [None] * num_workers
         self.gens = [0] * num_workers
         self.closed = False
+        self._shut = False  # close() ran to its end
         self.warned = False
         self.hung: set[int] = set()  # workers a timeout found stuck: close() kills them at once
         self.pending_freed: dict[tuple[int, int], list[int]] = {}  # (worker, gen) -> slot ids
@@ -469,7 +470,7 @@ class ProcessExecutor:
         # ``closed`` stops restarts at once; ``_shut`` says every step ran. A close() cut short
         # (Ctrl-C while it waits for a worker) is finished by the next call: each step can run
         # again, and a worker is forgotten only once it is reaped.
-        if getattr(self, "_shut", False) or os.getpid() != self.parent_pid:
+        if self._shut or os.getpid() != self.parent_pid:
             return  # a forked child inherits this object: only its creator may close it
         self.closed = True
         live = [(w, wk) for w, wk in enumerate(self.workers) if wk is not None]
@@ -518,8 +519,8 @@ def _freeze(collect: bool = True) -> None:
         # with everything else and could never be collected (nor its workers stopped). Collect
         # such loaders now, once, before freezing anew. Only for a loader's first workers (a
         # new loader, as in k-fold): a full collection of a large heap takes ~0.3 s, and a
-        # validation loader iterated every few steps would pay it every pass
-        gc.unfreeze()
+        # validation loader iterated every few steps would pay it every pass. (A full
+        # collection unfreezes for its duration: _see_full_collections.)
         gc.collect()
         if _freezes == 0:  # the collection closed the pools that held it
             _user_froze = gc.get_freeze_count() > 0
