@@ -19,7 +19,7 @@ import torch
 import torch.utils.data as tud
 
 import conveyor
-from helpers import WORKERS, Failing, Snapshot, Squares, assert_no_leaks, children
+from helpers import WORKERS, Failing, Snapshot, Squares, Stream, assert_no_leaks, children
 
 KINDS = {
     "process": {"num_workers": 2, "worker_type": "process", **WORKERS},
@@ -519,3 +519,31 @@ def test_a_worker_killed_while_its_finished_batches_wait_loses_none(persistent: 
             del got, it
             assert all(key[1] >= ex.gens[key[0]] for key in ex.views.segments), "a dead worker's slots stay mapped"
         assert loader.stats()["restarts"] == 3
+
+
+@pytest.mark.timeout(60)
+def test_a_stream_worker_that_died_in_an_epoch_broken_off_is_replaced_next_epoch() -> None:
+    # a stream's worker cannot be replaced mid-epoch (it holds its place in the stream), but
+    # one whose replica has handed out nothing this epoch starts over: the next epoch after
+    # a break used to raise WorkerDied for a worker killed in the one broken off
+    loader = conveyor.DataLoader(Stream(64, "torch"), batch_size=4, num_workers=2, persistent_workers=True,
+                                 **WORKERS)
+    with loader:
+        for i, _ in enumerate(loader):
+            if i == 3:
+                os.kill(loader._persistent.executor.workers[0].proc.pid, signal.SIGKILL)
+                break
+        items = sorted(int(v) for b in loader for v in b[:, 0])
+        assert items == list(range(64))
+        assert loader.stats()["restarts"] == 1
+
+
+@pytest.mark.timeout(60)
+def test_a_stream_worker_that_died_mid_epoch_is_not_replaced() -> None:
+    # its replica had handed out batches: a new worker would start the stream over and
+    # repeat them, so the epoch ends with WorkerDied naming why
+    loader = conveyor.DataLoader(Stream(400, "torch"), batch_size=4, num_workers=2, **WORKERS)
+    with loader, pytest.raises(conveyor.WorkerDied, match="cannot be replaced"):
+        for i, _ in enumerate(loader):
+            if i == 3:
+                os.kill(loader._last_run.pool.executor.workers[0].proc.pid, signal.SIGKILL)

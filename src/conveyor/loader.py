@@ -1738,7 +1738,12 @@ class _Run(Generic[T]):
         if self.finished or self.pool.dead:
             raise StopIteration  # workers stopped by close() (from another thread): no restart
         self.stats.deaths.append(death.describe())
-        if not self.recovery.should_restart(death):
+        # a stream's replica that has handed out nothing this epoch (a worker that died in an
+        # epoch the user broke off, say) starts over in a new worker: nothing is lost
+        w = death.worker
+        fresh = (bool(self.replicas_done) and w < len(self.replicas_done) and self.replicas_done[w] == 0
+                 and not any(r.worker == w for r in self.reorder.buffer.values()))
+        if not self.recovery.should_restart(death, fresh=fresh):
             err = self.recovery.error()
             self.close()
             raise err

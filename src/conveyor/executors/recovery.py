@@ -41,9 +41,11 @@ class Recovery:
     can_reissue: bool
     deaths: list[Death] = field(default_factory=list)
 
-    def should_restart(self, death: Death) -> bool:
+    def should_restart(self, death: Death, *, fresh: bool = False) -> bool:
+        """``fresh``: the dead worker's part of the epoch has not begun (a stream's replica
+        that handed out nothing yet starts over in a new worker, nothing lost)."""
         self.deaths.append(death)
-        return self.can_reissue and len(self.deaths) <= self.max_restarts
+        return (self.can_reissue or fresh) and len(self.deaths) <= self.max_restarts
 
     def error(self) -> WorkerDied:
         last = self.deaths[-1]
