@@ -221,3 +221,23 @@ def test_batches_gathered_in_bulk_are_counted_and_traced() -> None:
     assert n == 32 and stats["main_process_batches"] == 32 and stats["workers"][-1]["batches"] == 32
     events = list(loader._stats.trace)
     assert any(kind == "fetch" and worker == -1 for kind, worker, _, _ in events)
+
+
+def test_the_main_process_track_is_named_for_any_worker_count() -> None:
+    # batches made in the main process by an adaptive loader with workers were drawn on a
+    # track named "(num_workers=0)"
+    from conveyor import DataLoader
+    from conveyor.stats import trace_events
+
+    loader = DataLoader(list(range(64)), batch_size=8, num_workers=2, output="numpy")
+    assert sum(1 for _ in loader) == 8
+    names = {e["args"]["name"] for e in trace_events(loader) if e.get("ph") == "M" and e.get("name") == "thread_name"}
+    assert "main process" in names and not any("num_workers=0" in n for n in names)
+    loader.close()
+
+
+def test_device_prefetcher_is_exported() -> None:
+    import conveyor
+    import conveyor.device
+
+    assert conveyor.DevicePrefetcher is conveyor.device.DevicePrefetcher and "DevicePrefetcher" in conveyor.__all__
