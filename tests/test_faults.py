@@ -547,3 +547,20 @@ def test_a_stream_worker_that_died_mid_epoch_is_not_replaced() -> None:
         for i, _ in enumerate(loader):
             if i == 3:
                 os.kill(loader._last_run.pool.executor.workers[0].proc.pid, signal.SIGKILL)
+
+
+@pytest.mark.timeout(60)
+def test_a_thread_workers_result_lost_on_its_way_is_made_again() -> None:
+    # a KeyboardInterrupt landing in poll() just after a result was taken off the queue lost
+    # it, and next() then waited forever (the loop went on after the user caught the
+    # interrupt). Here the result is taken off by hand, the same loss.
+    loader = conveyor.DataLoader(Squares(), batch_size=2, num_workers=2, worker_type="thread", **WORKERS)
+    with loader:
+        it = iter(loader)
+        got = [next(it)]
+        ex = loader._last_run.pool.executor
+        lost = ex.results.get(timeout=10)  # off the queue, never to reach the loader
+        got += list(it)
+        expected = list(tud.DataLoader(Squares(), batch_size=2))
+        assert [b[1].tolist() for b in got] == [b[1].tolist() for b in expected]
+        assert lost.seq in range(len(expected))

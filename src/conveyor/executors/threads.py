@@ -41,6 +41,8 @@ class ThreadExecutor:
         self.results: queue.SimpleQueue[Result] = queue.SimpleQueue()
         self.queues: list[queue.SimpleQueue[Task | None]] = []
         self.threads: list[threading.Thread] = []
+        self.busy: list[bool] = []  # a worker thread is running a task (its result not yet queued)
+        self._suspect: dict[int, tuple[float, frozenset[int]]] = {}  # worker -> (since, seqs) (see _bury)
         self.closed = False
         self.pid = os.getpid()
         self.fetch_threads = spec.fetch_threads
@@ -55,6 +57,7 @@ class ThreadExecutor:
             t = threading.Thread(target=self._loop, args=(w, q), name=f"conveyor-worker-{w}", daemon=True)
             self.queues.append(q)
             self.threads.append(t)
+            self.busy.append(False)
             self.ledger.held.append({})
             self.num_workers += 1
             t.start()
@@ -83,12 +86,14 @@ class ThreadExecutor:
                 if type(task) is _Threads:
                     fetcher.set_threads(task.n)
                     continue
+                self.busy[worker] = True
                 try:
                     fetcher.schedule(task)
                     result = fetcher.run(task)
                 except BaseException as exc:  # noqa: BLE001 - SystemExit and the like: raised where next() was called
                     result = Result(task.seq, worker, failure=capture(exc, worker, task.indices, keep=True))
                 self.results.put(result)
+                self.busy[worker] = False
         finally:
             fetcher.close()
             _set_info(None, thread=True)
@@ -126,6 +131,24 @@ class ThreadExecutor:
                 exc = RuntimeError(f"thread worker {w} stopped unexpectedly while holding batches")
                 for task in self.ledger.take(w):
                     self.results.put(Result(task.seq, w, failure=capture(exc, w, task.indices, keep=True)))
+            elif (self.ledger.count(w) and not self.busy[w] and self.queues[w].empty()
+                  and self.results.empty()):
+                # its tasks are neither queued, running nor answered: their results were taken
+                # off the queue and lost on the way (a KeyboardInterrupt in poll()). Seen so
+                # twice, half a second apart (a thread between taking a task and marking itself
+                # busy looks the same for an instant), they are made again; a result that turns
+                # up twice is dropped as one no longer awaited
+                held = frozenset(self.ledger.held[w])
+                seen = self._suspect.get(w)
+                now = time.monotonic()
+                if seen is None or seen[1] != held:
+                    self._suspect[w] = (now, held)
+                elif now - seen[0] >= 0.5:
+                    del self._suspect[w]
+                    for task in self.ledger.held[w].values():
+                        self.queues[w].put(task)
+            else:
+                self._suspect.pop(w, None)
 
     def outstanding(self, worker: int) -> int:
         return self.ledger.count(worker)
