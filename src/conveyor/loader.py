@@ -417,7 +417,7 @@ class DataLoader(Generic[T]):
         collate_fn must pickle); workers, statistics and the device stage are made anew.
         Taken mid-epoch, the copy resumes that epoch where it is (its ``state_dict()``),
         when the sampler can say its position; otherwise it starts the next epoch."""
-        state = {k: v for k, v in self.__dict__.items() if k not in self._RUNTIME}
+        state = self._arguments()
         run = self._last_run
         if run is not None and not run.finished:
             try:
@@ -430,9 +430,13 @@ class DataLoader(Generic[T]):
         """A shallow copy shares the sampler and generator, so it does not take a running
         epoch's position (loading it would move the original's sampler): it starts afresh."""
         clone = self.__class__.__new__(self.__class__)
-        clone.__dict__.update({k: v for k, v in self.__dict__.items() if k not in self._RUNTIME})
+        clone.__dict__.update(self._arguments())
         clone._start_runtime()
         return clone
+
+    def _arguments(self) -> dict[str, Any]:
+        """What a copy takes: everything but the runtime state (``_RUNTIME``)."""
+        return {k: v for k, v in self.__dict__.items() if k not in self._RUNTIME}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         position = state.pop("_copied_position", None)
