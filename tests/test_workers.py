@@ -204,3 +204,48 @@ def test_closing_stuck_thread_workers_waits_once_for_all(monkeypatch: pytest.Mon
     ex.closed, ex.pid, ex.queues, ex.threads = False, os.getpid(), [], [Stuck() for _ in range(4)]
     ex.close(timeout=5.0)
     assert sum(waited) == pytest.approx(5.0)
+
+
+class Counted(tud.Dataset):
+    """Counts every sample fetched, in any process (a shared counter made before the fork)."""
+
+    def __init__(self, n: int, counter: Any) -> None:
+        self.n = n
+        self.counter = counter
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        with self.counter.get_lock():
+            self.counter.value += 1
+        return torch.tensor([i])
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("worker_type", ["process", "thread"])
+def test_workers_run_at_most_prefetch_batches_ahead_of_a_slow_consumer(worker_type: str) -> None:
+    # torch's bound: prefetch_factor x num_workers batches ahead of the one handed out, whether
+    # still in a worker or finished and waiting. Results collected early used to free their
+    # place, and the workers ran further ahead with every next(): shared memory and CPU taken
+    # from the training step.
+    import multiprocessing as mp
+    import time
+
+    ctx = mp.get_context("fork")
+    counter = ctx.Value("i", 0)
+    loader = conveyor.DataLoader(Counted(200, counter), batch_size=2, num_workers=2, prefetch_factor=2,
+                                 worker_type=worker_type, multiprocessing_context=ctx if worker_type == "process" else None,
+                                 adaptive=False)
+    most = 0
+    with loader:
+        it = iter(loader)
+        for handed in range(1, 16):
+            batch = next(it)
+            assert batch.flatten().tolist() == [2 * handed - 2, 2 * handed - 1]
+            time.sleep(0.05)  # a training step: the workers finish whatever they hold meanwhile
+            with counter.get_lock():
+                fetched = counter.value
+            most = max(most, fetched // 2 - handed)
+    assert most <= 2 * 2, f"the workers ran {most} batches ahead (prefetch_factor x num_workers = 4)"
+    assert most >= 2  # they did run ahead: the bound is what held them

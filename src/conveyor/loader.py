@@ -1669,7 +1669,12 @@ class _Run(Generic[T]):
                 return
             self._send(0, 1)
             return
-        if len(self.inflight) >= n * cap and self.rr >= 0:
+        # Batches ahead of the user, whether still in a worker or finished and waiting here,
+        # number at most prefetch x workers, as torch's do: results are collected as soon as
+        # they arrive, and counting only the tasks still out let the workers run ever further
+        # ahead, holding shared memory and taking the training loop's CPU to do it.
+        room = n * cap - len(self.inflight) - len(self.reorder)
+        if room <= 0 and self.rr >= 0:
             return  # every worker holds its share (strict round robin keeps them even)
         if self.rr < 0:  # the first dispatch of this epoch: batches made in the main process came first
             self.rr = (self.pool.seq - self.first_seq) % max(1, n)
@@ -1683,7 +1688,7 @@ class _Run(Generic[T]):
         orders: dict[int, list[Task]] = {}
         held = {w: ex.outstanding(w) for w in range(n)}
         strict = self.loader.in_order or self.loader._iterable
-        for _ in range(n * cap):
+        for _ in range(max(0, room)):
             live = False
             for k in range(n):
                 w = (self.rr + k) % n
