@@ -136,6 +136,41 @@ def test_a_waiting_first_batch_starts_the_workers_before_it_ends() -> None:
     assert stats["main_process_batches"] == 1
 
 
+@pytest.mark.timeout(60)
+def test_a_computing_first_batch_starts_the_workers_for_the_second() -> None:
+    # each sample burns 1 ms of CPU: the first batch (8 ms, under the 25 ms a first batch may
+    # take for one-time costs) is made here as a probe. Preemption cannot make a batch burn
+    # CPU, so the workers are forked as the second probe starts and make the batches after it
+    # while it is made here; they used to wait until it had ended.
+    import multiprocessing as mp
+
+    class Computes:
+        def __init__(self) -> None:
+            self.seen: list[tuple[int, int]] = []  # (index, live workers), main process only
+
+        def __len__(self) -> int:
+            return 64
+
+        def __getitem__(self, i: int) -> np.ndarray:
+            end = time.thread_time() + 0.001
+            while time.thread_time() < end:
+                pass
+            if conveyor.get_worker_info() is None:
+                self.seen.append((i, len(mp.active_children())))
+            return np.full(2, i, dtype=np.int64)
+
+    ds = Computes()
+    with DataLoader(ds, batch_size=8, num_workers=2, output="numpy") as loader:
+        got = _all(loader)
+        stats = loader.stats()
+    assert np.array_equal(got, np.arange(64))
+    assert stats["workers_started"]
+    first = [live for i, live in ds.seen if i < 8]
+    second = [live for i, live in ds.seen if 8 <= i < 16]
+    assert first == [0] * 8  # the first probe: no workers yet
+    assert second and min(second) == 2, ds.seen  # the second: both workers already forked
+
+
 def test_workers_hold_enough_batches_to_keep_their_threads_busy() -> None:
     def depth(**kw: object) -> int:
         loader = DataLoader(Tiny(), batch_size=32, num_workers=2, **kw)

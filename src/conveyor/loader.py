@@ -894,6 +894,7 @@ class _Pool:
                                          and loader.worker_init_fn is None and not self.timed)
         self.mode = "probe" if self.adaptive else "workers"
         self.inline_costs: list[float] = []
+        self.probe_cpu = 0.0  # CPU seconds of the last probing batch
         self.inline_rates: list[float] = []  # bytes per second of the main-process batches
         self.copying = False  # main-process batches are made at memory-copy speed
         self.on_early: Callable[[], None] | None = None  # the run's dispatch, for _start_early
@@ -1102,6 +1103,7 @@ class _Pool:
         """Make ``task`` here and time it; with ``watch``, a slow batch starts the workers."""
         t0 = time.perf_counter()
         cpu0 = time.process_time()
+        own0 = time.thread_time()
         fresh = self.recycler.fresh_s
         local.schedule(task)
         start: Callable[[], None] | None = None
@@ -1110,12 +1112,19 @@ class _Pool:
                 start = self._start_early
             elif self.auto is not None and self.auto["num_workers"]:
                 start = self._start_early_auto
+        if start is not None and self.num_workers and self.probe_cpu > SLOW_S:
+            # the batch before kept this process computing for longer than SLOW_S: preemption
+            # cannot explain that, so the workers are forked now and make the next batches
+            # while this one, the second opinion, is made here
+            start()
+            start = None
         if start is not None:
             local.watch = (SLOW_S, self._early_check(start, t0, cpu0, first=not self.inline_costs))
         try:
             result = local.run(task)
         finally:
             local.watch = None
+        self.probe_cpu = time.thread_time() - own0  # this thread's: no other thread's work counts
         # new memory's page faults are paid once; reused memory is what later batches get
         return result, time.perf_counter() - t0 - (self.recycler.fresh_s - fresh)
 
