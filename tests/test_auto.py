@@ -171,6 +171,31 @@ def test_a_computing_first_batch_starts_the_workers_for_the_second() -> None:
     assert second and min(second) == 2, ds.seen  # the second: both workers already forked
 
 
+@pytest.mark.timeout(60)
+def test_a_first_batch_that_copies_memory_does_not_fork_the_workers(monkeypatch: pytest.MonkeyPatch) -> None:
+    # 16 MB a batch gathered from memory burns milliseconds of CPU, copying and faulting in
+    # new pages: that is no sign of work a worker would do better (it would copy once more)
+    monkeypatch.setattr(conveyor.loader, "INLINE_RATE", 2e8)  # "copying" whatever the machine's load
+
+    class InMemory:
+        def __init__(self) -> None:
+            self.images = np.ones((96, 512, 1024), dtype=np.uint8)
+
+        def __len__(self) -> int:
+            return len(self.images)
+
+        def __getitem__(self, i: int) -> np.ndarray:
+            return self.images[i]
+
+    ds = InMemory()
+    with DataLoader(ds, batch_size=32, num_workers=2, output="numpy") as loader:
+        sums = [int(b.sum()) for b in loader]
+        stats = loader.stats()
+    assert sums == [32 * 512 * 1024] * 3
+    assert not stats["workers_started"]
+    assert stats["main_process_batches"] == 3
+
+
 def test_workers_hold_enough_batches_to_keep_their_threads_busy() -> None:
     def depth(**kw: object) -> int:
         loader = DataLoader(Tiny(), batch_size=32, num_workers=2, **kw)
@@ -183,7 +208,8 @@ def test_workers_hold_enough_batches_to_keep_their_threads_busy() -> None:
 
     assert depth() == 2  # prefetch_factor's default, as torch
     assert depth(prefetch_factor=5) == 5
-    assert depth(fetch_threads=64) == 3  # 64 threads, batches of 32: 2 running + 1 to go on with
+    # 64 threads, batches of 32: 2 running, 1 to go on with, 1 finished and waiting its turn
+    assert depth(fetch_threads=64) == 4
     assert depth(fetch_threads=16, prefetch_factor=4) == 4
 
 

@@ -973,10 +973,10 @@ class _Pool:
     def depth(self) -> int:
         """Batches each worker holds at once: ``prefetch_factor``, and with fetch threads at
         least enough that the threads never run dry while a finished batch makes its trip
-        (64 threads and batches of 32: 3 batches)."""
+        and waits its turn to be handed out (64 threads and batches of 32: 4 batches)."""
         size = self.spec.batch_size or 1
         if self.threads > 1:
-            return max(self.prefetch, -(-self.threads // size) + 1)
+            return max(self.prefetch, -(-self.threads // size) + 2)
         return self.prefetch
 
     def bulk_ok(self) -> bool:
@@ -1112,10 +1112,12 @@ class _Pool:
                 start = self._start_early
             elif self.auto is not None and self.auto["num_workers"]:
                 start = self._start_early_auto
-        if start is not None and self.num_workers and self.probe_cpu > SLOW_S:
-            # the batch before kept this process computing for longer than SLOW_S: preemption
-            # cannot explain that, so the workers are forked now and make the next batches
-            # while this one, the second opinion, is made here
+        rates = self.inline_rates
+        if start is not None and self.num_workers and self.probe_cpu > SLOW_S and rates and rates[-1] < INLINE_RATE:
+            # the batch before kept this process computing for longer than SLOW_S, not copying
+            # memory nor faulting in new pages: preemption cannot explain that, so the workers
+            # are forked now and make the next batches while this one, the second opinion, is
+            # made here
             start()
             start = None
         if start is not None:
@@ -1124,7 +1126,8 @@ class _Pool:
             result = local.run(task)
         finally:
             local.watch = None
-        self.probe_cpu = time.thread_time() - own0  # this thread's: no other thread's work counts
+        # this thread's CPU (no other thread's work counts), less new memory's page faults
+        self.probe_cpu = time.thread_time() - own0 - (self.recycler.fresh_s - fresh)
         # new memory's page faults are paid once; reused memory is what later batches get
         return result, time.perf_counter() - t0 - (self.recycler.fresh_s - fresh)
 
