@@ -482,6 +482,9 @@ def serve(spec: WorkerSpec, worker_id: int, gen: int, tasks: Any, results: Any,
             pass
         if pool is not None:
             pool.close()  # the main thread may be using it: the last thing done before exiting
+            # a segment being created when the signal landed is in /dev/shm but not yet in the
+            # pool: every name of this worker's goes
+            _segment.sweep(pool.prefix)
 
     _watchdog(parent, cleanup)
 
