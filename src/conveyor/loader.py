@@ -1126,10 +1126,10 @@ class _Pool:
             result = local.run(task)
         finally:
             local.watch = None
-        # this thread's CPU (no other thread's work counts), less new memory's page faults
-        self.probe_cpu = time.thread_time() - own0 - (self.recycler.fresh_s - fresh)
         # new memory's page faults are paid once; reused memory is what later batches get
-        return result, time.perf_counter() - t0 - (self.recycler.fresh_s - fresh)
+        faults = self.recycler.fresh_s - fresh
+        self.probe_cpu = time.thread_time() - own0 - faults  # this thread's: no other thread's work counts
+        return result, time.perf_counter() - t0 - faults
 
     @staticmethod
     def _early_check(start: Callable[[float], None], t0: float, cpu0: float,
