@@ -81,17 +81,17 @@ def test_report_io_bound_suggests_fetch_threads() -> None:
 
 
 def test_report_io_bound_with_threads_never_suggests_fewer() -> None:
-    # 2 workers with 64 threads each, a batch every 1 ms of wall each, a step of 20 us: the
-    # fetches in flight must grow, not fall to 1 a worker
+    # 2 workers with 64 threads each, a batch every 1 ms of wall each (64 fetches in flight
+    # already), a step of 20 us: 50 such workers would keep up, far more than the machine
+    # has, so loading sets the pace; nothing suggests fewer threads
     s = {"batches": 64, "steps": 63, "wait_fraction": 0.98, "step_per_batch_s": 2e-5, "num_workers": 2,
          "fetch_threads": 64, "workers": {w: {"batches": 32, "busy_s": 0.032, "cpu_s": 0.008, "cpu_batches": 32}
                                           for w in (0, 1)}}
-    # their fetches would keep up if all 64 were in flight: what holds them back is how many
-    # batches each worker holds
     text = report(s, cores=1)
-    assert "should keep up" in text and "raise prefetch_factor" in text and "fetch_threads" not in text
-    s["fetch_threads"] = 4  # 250 us a batch a lane: 13 such workers, 52 fetches in flight
-    assert "fetch_threads=26 with num_workers=2 would hide it" in report(s, cores=1)
+    assert "loading sets the pace" in text and "fetch_threads" not in text
+    # 4 threads a worker and a step of 100 us: 10 such workers, 40 fetches in flight, 20 a worker
+    s["fetch_threads"], s["step_per_batch_s"] = 4, 1e-4
+    assert "fetch_threads=20 with num_workers=2 would hide it" in report(s, cores=1)
 
 
 def test_report_idle_workers() -> None:
@@ -241,3 +241,34 @@ def test_device_prefetcher_is_exported() -> None:
     import conveyor.device
 
     assert conveyor.DevicePrefetcher is conveyor.device.DevicePrefetcher and "DevicePrefetcher" in conveyor.__all__
+
+
+def test_workers_report_cpu_over_spans_of_batches_the_main_process_per_batch() -> None:
+    from conveyor.executors.task import Task
+    from conveyor.executors.worker import Fetcher, WorkerSpec
+
+    clock = iter(range(1, 1000))  # every read of the CPU clock: one more second
+    spec = WorkerSpec(list(range(100)), None, True, 2, False, False, 1, 0)
+    worker = Fetcher(spec, 0, cpu_clock=lambda: float(next(clock)))
+    spans = {k + 1: r.cpu_span for k in range(20) if (r := worker.run(Task(k, 0, [k, k + 1]))).cpu is not None}
+    # a span starts at the second batch; the first ends after three, the next every eight
+    assert list(spans) == [4, 12, 20] and [n for n, _ in spans.values()] == [3, 8, 8]
+    assert all(wall >= 0 for _, wall in spans.values())
+    main = Fetcher(spec, None, cpu_clock=lambda: float(next(clock)))
+    timed = [k + 1 for k in range(20) if (r := main.run(Task(k, 0, [k]))).cpu is not None]
+    assert timed == [2, 10, 18] and all(main.run(Task(0, 0, [0])).cpu_span is None for _ in range(9))
+    st = Stats(started=0.0)
+    st.result(0, 0.0, 0.1, 0.2, cpu=0.5, cpu_span=(8, 2.0))
+    st.result(-1, 0.0, 0.1, 0.2, cpu=0.1)
+    w = st.snapshot()["workers"]
+    assert (w[0]["cpu_batches"], w[0]["cpu_wall_s"]) == (8, 2.0)
+    assert (w[-1]["cpu_batches"], w[-1]["cpu_wall_s"]) == (1, None)
+
+
+def test_report_reads_a_fetch_cpu_share_with_its_threads() -> None:
+    # 16 threads a worker, a batch every 10 ms of wall, 8 ms of CPU: the worker's core is 80%
+    # busy, but each fetch computes 5% of the time it takes (8 ms of 160): it waits on storage
+    s = {"batches": 64, "steps": 63, "wait_fraction": 0.5, "step_per_batch_s": 0.004, "num_workers": 2,
+         "fetch_threads": 16, "workers": {w: {"batches": 32, "busy_s": 0.32, "cpu_s": 0.256, "cpu_batches": 32}
+                                          for w in (0, 1)}}
+    assert "fetches mostly wait on storage (CPU 5% of their time)" in report(s, cores=8)

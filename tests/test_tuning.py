@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from unittest import mock
 
 import pytest
 
+import conveyor.tuning
 from conveyor.tuning import Decision, Tuner, cpu_budget, ram_budget
 
 GiB = 2**30
@@ -33,6 +35,7 @@ class Sim:
         self.work = work
         self.d = decision
         self.snap = {"batches": 0, "steps": 0, "step_s": 0.0, "wait_s": 0.0, "workers": {}}
+        self.clock = 0.0  # seconds the simulated loop has run
 
     def apply(self, d: Decision) -> None:
         self.d = d
@@ -41,11 +44,14 @@ class Sim:
         w, d = self.work, self.d
         procs = max(1, d.num_workers)
         threads = d.fetch_threads
-        # CPU work of one process's threads shares one core (GIL); processes share the cores
-        contention = max(1.0, procs / w.cores) * (threads if threads > 1 and w.cpu > w.io else 1)
-        busy = w.io + w.cpu * contention
-        interval = busy / (procs * threads) if d.num_workers else busy
+        # processes share the cores; a process's threads split each batch's samples and
+        # share one core (GIL): a worker's wall per batch is the batch's fetching spread over
+        # its threads, or its CPU time, whichever is longer
+        cpu = w.cpu * max(1.0, procs / w.cores)
+        busy = max((w.io + cpu) / threads, cpu)
+        interval = busy / procs if d.num_workers else busy
         wait = max(0.0, interval - w.step) if d.num_workers else busy
+        self.clock += (w.step + wait) * batches
         s = self.snap
         s["batches"] += batches
         s["steps"] += batches
@@ -78,19 +84,23 @@ class Sim:
 
 def tune(work: Workload, *, ram: int | None = None, every: int = 8, limit: int = 200,
          start: Decision | None = None) -> tuple[Decision, int]:
-    """Run the loop the loader will run: observe every ``every`` batches, apply each decision at once."""
+    """Run the loop the loader will run: observe every ``every`` batches, apply each decision at
+    once, fetch threads through the tuner's ThreadSteer (on the simulated clock). Returns the
+    settled decision with the thread count that ran."""
     start = start or Decision(0, 1, None)
     tuner = Tuner(cpu=work.cores, ram=ram)
     sim = Sim(work, start)
     seen = 0
-    while seen < limit:
-        tuner.observe(sim.run(every))
-        seen += every
-        d = tuner.decision()
-        if d.settled:
-            return d, seen
-        if not d.reason.startswith("measuring"):
-            sim.apply(d)
+    with mock.patch.object(conveyor.tuning.time, "perf_counter", lambda: sim.clock):
+        while seen < limit:
+            tuner.observe(sim.run(every))
+            seen += every
+            d = tuner.decision()
+            if not d.reason.startswith("measuring"):
+                threads = tuner.steer_threads(sim.d.fetch_threads) if sim.d.num_workers else d.fetch_threads
+                sim.apply(replace(d, fetch_threads=threads))
+            if d.settled:
+                return sim.d, seen
     raise AssertionError(f"the tuner did not settle within {limit} batches: {tuner.decision()}")
 
 
@@ -188,3 +198,42 @@ def test_budgets() -> None:
 def test_a_loop_that_takes_no_time_gets_the_whole_budget(step: float) -> None:
     d, _ = tune(Workload(cpu=0.01, io=0.0, step=step, cores=3))
     assert d.num_workers == 3
+
+
+def test_threads_that_shorten_the_batch_are_not_read_as_needing_fewer() -> None:
+    # 32 samples of 5 ms each and a loop that takes 1 ms a batch: 32 * 5 ms * 1.1 / 1 ms = 177
+    # fetches must be in flight, 64 threads in each of 2 workers at most. With 16 threads a
+    # batch takes 10 ms in a worker; read as if one fetch made it, 11 fetches would seem to do.
+    d, seen = tune(Workload(cpu=0.002, io=0.16, step=0.001, cores=2), start=Decision(2, 16, 2))
+    assert (d.num_workers, d.fetch_threads) == (2, 64), d
+    assert "I/O-bound" in d.reason and seen <= 48
+
+
+def test_threads_stop_where_they_fill_the_worker_core() -> None:
+    # a fetch computes a quarter of its time: four threads keep a worker's core busy, and more
+    # would only queue for it however many fetches the loop asks for
+    d, _ = tune(Workload(cpu=0.02, io=0.06, step=0.0005, cores=2), start=Decision(2, 2, 2))
+    assert (d.num_workers, d.fetch_threads) == (2, 4), d
+    assert "keep its core busy" in d.reason
+
+
+def test_a_worker_core_share_comes_from_its_spans_not_a_batch_interval() -> None:
+    # 64 threads fetch a worker's batches ahead of it: the batch it waits for is done by the
+    # time it asks, so its interval (0.1 ms) is mostly collating, CPU all along. Over spans of
+    # batches, idle time included, the worker kept its core 30% busy: there is room, no cut.
+    def snaps(spans: bool) -> list[dict]:
+        out = []
+        for k in range(1, 7):
+            w = {"batches": 16 * k, "busy_s": 1.6e-3 * k, "mean_batch_s": 1e-4, "std_batch_s": 0.0,
+                 "cpu_s": 0.016 * k, "cpu_batches": 16 * k}
+            if spans:
+                w["cpu_wall_s"] = 0.016 * k / 0.3
+            out.append({"batches": 32 * k, "steps": 32 * k - 1, "step_s": 5e-5 * (32 * k - 1), "wait_s": 0.1 * k,
+                        "num_workers": 2, "fetch_threads": 64, "workers": {0: w, 1: dict(w)}})
+        return out
+
+    for spans, threads in ((True, 64), (False, 32)):
+        tuner = Tuner(cpu=2, ram=None)
+        for s in snaps(spans):
+            tuner.observe(s)
+        assert tuner.decision().fetch_threads == threads, (spans, tuner.decision())

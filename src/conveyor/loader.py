@@ -68,6 +68,8 @@ INLINE_RATE = 1e9
 # The first probing batch also pays one-time costs: unless it mostly waits, it starts the
 # workers only after this long (later ones after SLOW_S), so they overlap the rest of it.
 EARLY_START_S = 0.025
+# "auto" reads the stats every this many batches handed out (a snapshot costs ~50 us)
+RETUNE_EVERY = 4
 
 
 class TooManyFailures(RuntimeError):
@@ -581,6 +583,10 @@ class DataLoader(Generic[T]):
                 for name in ("num_workers", "fetch_threads", "prefetch_factor"):
                     if not (self._auto or {}).get(name):
                         tuning[name] = snap[name]
+                if pool.launched and (self._auto or {}).get("fetch_threads"):
+                    # the threads that run: the tuner's wish goes through ThreadSteer, which
+                    # damps cuts and undoes those that cost throughput
+                    tuning["fetch_threads"] = snap["fetch_threads"]
                 snap["tuning"] = tuning
         return snap
 
@@ -871,7 +877,7 @@ class _Pool:
         kept = None
         if self.auto is not None:
             kept = loader._tuner
-            self.tuner = loader._tuner = kept or Tuner(cpu=_cores())
+            self.tuner = loader._tuner = kept or Tuner(cpu=_cores(), warmup=RETUNE_EVERY)
             if self.auto["num_workers"] and not self.timed:
                 self.num_workers = 0
         self.worker_type = loader.worker_type
@@ -1220,15 +1226,23 @@ class _Pool:
         self.apply(_cores(), threads, self.prefetch)
 
     def _threads_for(self, busy: float) -> int:
-        """Fetch threads for a batch that kept ``busy`` cores busy: one fetch per core it
-        leaves idle when it mostly waits (and tells the tuner it waits), else the current."""
+        """Fetch threads for a batch that kept ``busy`` cores busy: as many as the tuner
+        allows when it mostly waits (and tells the tuner it waits), else the current.
+
+        ``busy`` is read early, over a fetch or two that also paid one-time costs, so it
+        says that fetches wait, not how many would fill a core (one fetch per idle core
+        read 5-28 threads on the latency benchmark, whose fetches use 0.5% of theirs).
+        Threads that wait cost no CPU: they start wide, and the tuner trims them to what
+        the training loop takes and what fills a worker's core, each cut checked.
+        """
         if busy >= IO_BOUND:
             return self.threads
-        if self.tuner is not None:
-            self.tuner.note_waiting()
+        tuner = self.tuner
+        if tuner is not None:
+            tuner.note_waiting()
         if self.auto is None or not self.auto["fetch_threads"] or self.keeps_files():
             return self.threads
-        return min(MAX_THREADS, max(2, math.ceil(1 / max(busy, 1 / MAX_THREADS))))
+        return tuner.max_threads if tuner is not None else MAX_THREADS
 
     def keeps_files(self) -> bool:
         """Has the dataset opened files it keeps open (a lazily opened handle), as far as the
@@ -1445,7 +1459,7 @@ class _Run(Generic[T]):
         if self.len_said is not None and self.yielded > self.len_said:
             self._warn_len()
         self.stats.handed(asked, time.perf_counter(), size, len(self.reorder))
-        if self.pool.tuner is not None and self.yielded % 8 == 0 and self.pool.tuning():
+        if self.pool.tuner is not None and self.yielded % RETUNE_EVERY == 0 and self.pool.tuning():
             self.pool.retune(self.loader.stats())
         return batch
 
@@ -1602,7 +1616,8 @@ class _Run(Generic[T]):
         self.out_seq = r.seq
         self.out_worker = r.worker
         if r.start:
-            self.stats.result(r.worker, r.start, r.fetched, r.end, cpu=r.cpu, nbytes=r.nbytes, rss=r.rss)
+            self.stats.result(r.worker, r.start, r.fetched, r.end, cpu=r.cpu, nbytes=r.nbytes, rss=r.rss,
+                              cpu_span=r.cpu_span)
         if r.exhausted:
             w = max(r.worker, 0)  # -1: the main process, the only replica with 0 workers
             if w < len(self.active):

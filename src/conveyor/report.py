@@ -31,7 +31,9 @@ HANDOFF = 5e-4  # seconds a batch from a worker costs the main process, roughly:
 
 
 def _mean_batch(snap: dict[str, Any]) -> tuple[float, float | None]:
-    """Mean wall seconds a worker spends per batch, and the CPU share of it (None: not reported)."""
+    """Mean wall seconds a worker spends per batch, and the share of a fetch spent on CPU (None:
+    not reported). A worker's ``fetch_threads`` split a batch between them: a fetch takes
+    about mean x threads of wall time."""
     n = busy = cpu = 0.0
     cpu_n = 0
     for w in snap.get("workers", {}).values():
@@ -43,12 +45,15 @@ def _mean_batch(snap: dict[str, Any]) -> tuple[float, float | None]:
     if not n:
         return 0.0, None
     mean = busy / n
-    ratio = (cpu / cpu_n) / mean if cpu_n and mean > 0 else None
+    threads = max(1, int(snap.get("fetch_threads", 1) or 1))
+    ratio = min(1.0, (cpu / cpu_n) / (mean * threads)) if cpu_n and mean > 0 else None
     return mean, ratio
 
 
 def workers_needed(snap: dict[str, Any]) -> int | None:
-    """``ceil(mean_batch_s / step_per_batch_s)``: workers that keep up with the loop (None: unknown).
+    """``ceil(mean_batch_s / step_per_batch_s)``: workers that keep up with the loop, each with
+    the fetch threads it has (None: unknown). ``mean_batch_s`` is a worker's wall time per batch
+    with its threads splitting the batch: it is already the time with that many in flight.
 
     >>> workers_needed({"step_per_batch_s": 0.01, "fetch_threads": 1,
     ...                 "workers": {0: {"batches": 10, "busy_s": 0.35}}})
@@ -58,11 +63,9 @@ def workers_needed(snap: dict[str, Any]) -> int | None:
     step = snap.get("step_per_batch_s")
     if not mean:
         return None
-    threads = max(1, int(snap.get("fetch_threads", 1) or 1))
-    per_lane = mean / threads if threads > 1 else mean  # a worker's fetches overlap with fetch_threads
     if not step:
         return None
-    return max(1, math.ceil(per_lane / step - 1e-9))
+    return max(1, math.ceil(mean / step - 1e-9))
 
 
 def _n_workers(snap: dict[str, Any]) -> int:

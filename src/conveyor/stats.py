@@ -86,7 +86,8 @@ class WorkerTimes:
     busy_s: float = 0.0
     busy_sq: float = 0.0  # sum of squared busy times: the spread of batch cost
     cpu_s: float = 0.0  # CPU seconds the worker reported (0 when it does not)
-    cpu_batches: int = 0  # batches that came with a CPU time
+    cpu_batches: int = 0  # batches that came with a CPU time (or that a reported span covered)
+    cpu_wall_s: float = 0.0  # wall seconds the reported spans covered (0: per-batch CPU times only)
     rss: int = 0  # the worker's last reported resident set size, bytes (0: unknown)
 
 
@@ -125,11 +126,12 @@ class Stats:
 
     def result(self, worker: int, start: float, fetched: float, end: float, *,
                cpu: float | None = None, nbytes: int | None = None, rss: int | None = None,
-               batches: int = 1) -> None:
+               batches: int = 1, cpu_span: tuple[int, float] | None = None) -> None:
         """A worker finished a batch: fetched in ``start..fetched``, collated until ``end``.
 
         ``cpu`` is the CPU time the worker spent on it (``time.process_time()``
-        delta in a process, ``time.thread_time()`` in a thread), ``nbytes`` the
+        delta in a process, ``time.thread_time()`` in a thread; with ``cpu_span``, the
+        (batches, wall seconds) it covers, idle time included), ``nbytes`` the
         batch's size and ``rss`` the worker's resident memory, each when known.
         """
         wt = self.workers.get(worker)
@@ -144,7 +146,11 @@ class Stats:
         wt.busy_sq += busy * busy
         if cpu is not None:
             wt.cpu_s += cpu
-            wt.cpu_batches += 1
+            if cpu_span is None:
+                wt.cpu_batches += 1
+            else:
+                wt.cpu_batches += cpu_span[0]
+                wt.cpu_wall_s += cpu_span[1]
         if rss:
             wt.rss = rss
         if nbytes:
@@ -199,6 +205,7 @@ class Stats:
                 "busy_s": t.busy_s, "mean_batch_s": mean, "std_batch_s": math.sqrt(var),
                 "cpu_s": t.cpu_s if t.cpu_batches else None,
                 "cpu_batches": t.cpu_batches,
+                "cpu_wall_s": t.cpu_wall_s or None,
                 "busy_fraction": min(1.0, t.busy_s / elapsed),
                 "rss": t.rss or None,
             }

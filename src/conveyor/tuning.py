@@ -9,13 +9,19 @@
         the loader applies it at an epoch boundary (or adds workers on the fly)
 
 The model: a batch costs ``busy`` wall seconds in a worker, ``cpu`` of them on
-a core, and the training loop consumes one batch every ``step`` seconds. To
-hide loading, ``busy / step`` fetches must run at once ("lanes"). CPU-bound
-work (cpu/busy >= 0.5) gets one process per lane, never more than the CPU
-budget. I/O-bound work gets just enough processes for its CPU share and
-``fetch_threads`` for the rest: threads wait on storage as well as processes
-do, at a fraction of the memory. Memory caps the worker count: every worker
-costs its resident growth plus ``prefetch_factor`` batches in flight.
+a core, and the training loop consumes one batch every ``step`` seconds. A
+worker with ``T`` fetch threads splits a batch's samples over them, so
+``work = busy * T`` is what a batch costs one fetch at a time ("lane-seconds",
+the batch size times a sample's latency), and to hide loading ``work / step``
+fetches must run at once ("lanes"). ``cpu / work`` is the share of a fetch
+spent computing: CPU-bound work (>= 0.5) gets one process per lane, never more
+than the CPU budget. I/O-bound work gets just enough processes for its CPU
+share and ``fetch_threads`` for the rest: threads wait on storage as well as
+processes do, at a fraction of the memory, up to what keeps a worker's core
+busy (``cpu / busy`` is the share of its core a worker uses with ``T``
+threads; a worker near a full core is offered fewer threads, each cut checked
+by :class:`ThreadSteer`). Memory caps the worker count: every worker costs
+its resident growth plus ``prefetch_factor`` batches in flight.
 
 When workers do not report CPU time, the tuner assumes CPU-bound work (more
 processes hide latency too), and switches to threads once it has seen that
@@ -33,7 +39,8 @@ from typing import Any
 
 __all__ = ["Decision", "ThreadSteer", "Tuner", "cpu_budget", "ram_budget"]
 
-IO_BOUND = 0.5  # cpu/busy below this: the fetch mostly waits
+IO_BOUND = 0.5  # cpu/work below this: the fetch mostly waits
+SATURATED = 0.9  # cpu/busy above this: a worker's threads keep its core busy
 MAX_THREADS = 64
 
 
@@ -121,10 +128,18 @@ class Window:
     wait: float  # consumer seconds waiting per batch
     lanes: int  # fetches that could run at once (workers x fetch_threads)
     workers: int
+    use: float | None = None  # share of its core a worker kept busy (CPU over wall of its spans)
+
+    @property
+    def work(self) -> float:
+        """Lane-seconds of one batch: its wall time in a worker times the worker's threads."""
+        return self.busy * max(1, self.lanes // max(1, self.workers))
 
 
-def _totals(snap: dict[str, Any]) -> tuple[int, float, float, float, int]:
-    n = busy = sq = cpu = 0.0
+def _totals(snap: dict[str, Any]) -> tuple[int, float, float, float, int, float, float]:
+    """Sums over workers: batches, busy seconds, squared busy, CPU seconds and the batches
+    they cover, and (workers that report spans) CPU seconds over the wall seconds spanned."""
+    n = busy = sq = cpu = span_cpu = span_wall = 0.0
     cpu_n = 0
     for w in snap.get("workers", {}).values():
         b = w.get("batches", 0)
@@ -136,7 +151,10 @@ def _totals(snap: dict[str, Any]) -> tuple[int, float, float, float, int]:
         if w.get("cpu_s") is not None:
             cpu += w["cpu_s"]
             cpu_n += w.get("cpu_batches", b)
-    return int(n), busy, sq, cpu, cpu_n
+            if w.get("cpu_wall_s"):
+                span_cpu += w["cpu_s"]
+                span_wall += w["cpu_wall_s"]
+    return int(n), busy, sq, cpu, cpu_n, span_cpu, span_wall
 
 
 class ThreadSteer:
@@ -184,7 +202,7 @@ class ThreadSteer:
         if trial is not None and self.rate is not None and self.rate < 0.85 * trial[1]:
             threads = self.floor = trial[0]
         threads = max(threads, self.floor)
-        if abs(threads - current) < max(2, current // 4):
+        if abs(threads - current) < max(1, current // 4):
             return current
         if threads < current and self.rate is not None:
             self.trial = (current, self.rate)
@@ -240,8 +258,8 @@ class Tuner:
         if snap.get("batches", 0) < last.get("batches", 0):
             last = {"batches": 0, "steps": 0, "step_s": 0.0, "wait_s": 0.0, "workers": {}}  # a reset
         self._last = snap
-        n1, busy1, sq1, cpu1, cn1 = _totals(snap)
-        n0, busy0, sq0, cpu0, cn0 = _totals(last)
+        n1, busy1, sq1, cpu1, cn1, sc1, sw1 = _totals(snap)
+        n0, busy0, sq0, cpu0, cn0, sc0, sw0 = _totals(last)
         dn = n1 - n0
         handed = snap.get("batches", 0) - last.get("batches", 0)
         if dn <= 0 or handed <= 0:
@@ -254,7 +272,8 @@ class Tuner:
         wait = (snap.get("wait_s", 0.0) - last.get("wait_s", 0.0)) / handed
         workers = int(snap.get("num_workers", 0) or 0)
         lanes = max(1, workers) * int(snap.get("fetch_threads", 1) or 1)
-        self.windows.append(Window(dn, busy, math.sqrt(var), cpu, step, wait, lanes, workers))
+        use = (sc1 - sc0) / (sw1 - sw0) if sw1 > sw0 else (cpu / busy if cpu is not None and busy > 0 else None)
+        self.windows.append(Window(dn, busy, math.sqrt(var), cpu, step, wait, lanes, workers, use))
         self.seen += handed
         rss = [w.get("rss") for k, w in snap.get("workers", {}).items() if int(k) >= 0 and w.get("rss")]
         if rss:
@@ -312,6 +331,7 @@ class Tuner:
         # the latest windows weigh most: settings changed under earlier ones
         wsum = sum(w.batches * (i + 1) for i, w in enumerate(ws))
         busy = sum(w.busy * w.batches * (i + 1) for i, w in enumerate(ws)) / wsum
+        work = sum(w.work * w.batches * (i + 1) for i, w in enumerate(ws)) / wsum
         std = sum(w.busy_std * w.batches * (i + 1) for i, w in enumerate(ws)) / wsum
         cws = [(i, w) for i, w in enumerate(ws) if w.cpu is not None]
         cpu = (sum(w.cpu * w.batches * (i + 1) for i, w in cws) / sum(w.batches * (i + 1) for i, w in cws)
@@ -321,18 +341,21 @@ class Tuner:
                 if sws else 0.0)
         # without CPU times: did running more fetches than cores leave each fetch as fast?
         if cpu is None and not self._io_evidence:
-            within = [w.busy for w in self.windows if w.lanes <= self.cpu]
-            beyond = [w.busy for w in self.windows if w.lanes >= 2 * self.cpu]
+            within = [w.work for w in self.windows if w.lanes <= self.cpu]
+            beyond = [w.work for w in self.windows if w.lanes >= 2 * self.cpu]
             if beyond:
                 self._probed = True
                 if within and min(beyond) < 1.25 * min(within):
                     self._io_evidence = True
-        return {"busy": busy, "std": std, "cpu": cpu, "step": step}
+        # the share of its core a worker used, and with how many threads: the latest window
+        # that knows (a mean over windows run with other thread counts would mix them up)
+        use = next(((w.use, w.lanes // max(1, w.workers)) for w in reversed(ws) if w.use is not None), None)
+        return {"busy": busy, "work": work, "std": std, "cpu": cpu, "step": step, "use": use}
 
     def _choose(self, e: dict[str, Any]) -> Decision:
-        busy, cpu, step = e["busy"], e["cpu"], max(0.0, e["step"])
+        busy, work, cpu, step = e["busy"], e["work"], e["cpu"], max(0.0, e["step"])
         if cpu is not None:
-            ratio = min(1.0, cpu / busy) if busy > 0 else 1.0
+            ratio = min(1.0, cpu / work) if work > 0 else 1.0
         else:
             ratio = 0.3 if self._io_evidence else 1.0
         kind = "I/O-bound" if ratio < IO_BOUND else "CPU-bound"
@@ -343,7 +366,7 @@ class Tuner:
             return Decision(0, 1, None, f"fetching costs {busy / (busy + step):.0%} of a step inline: "
                             "no workers needed", False)
         margin = 1.0 + 2 * self.target_wait  # jitter headroom
-        lanes = math.ceil(busy * margin / step) if step > 0 else 10**6
+        lanes = math.ceil(work * margin / step) if step > 0 else 10**6
         if cpu is None and not self._io_evidence and not self._probed and lanes > self.cpu:
             # no CPU times and not enough cores: try twice the fetches on the same cores; if each
             # fetch stays as fast, they wait rather than compute (threads will do)
@@ -351,16 +374,27 @@ class Tuner:
                             f"{self.cpu} cores; does a second fetch thread per worker slow fetches down?", False)
         cap_note = ""
         if kind == "CPU-bound":
-            need = math.ceil(busy * ratio * margin / step) if step > 0 else 10**6
+            need = math.ceil(work * ratio * margin / step) if step > 0 else 10**6
             workers = max(1, min(need, self.cpu))
             threads = 1
             if need > self.cpu:
                 cap_note = f"; {need} would hide loading but the CPU budget is {self.cpu}"
         else:
-            cpu_need = math.ceil(busy * ratio * margin / step) if step > 0 else self.cpu
+            cpu_need = math.ceil(work * ratio * margin / step) if step > 0 else self.cpu
             workers = max(1, min(cpu_need, self.cpu))
             threads = min(self.max_threads, max(1, math.ceil(lanes / workers)))
-            if lanes > workers * self.max_threads:
+            if e["use"] is not None:
+                # a worker's threads share its core: with ``now`` of them it used ``use`` of
+                # it, so about now / use of them fill it; more would only queue for it. At a
+                # full core that count is unknown: half as many is offered, a cut ThreadSteer
+                # undoes if it costs throughput.
+                use, now = e["use"]
+                fill = now // 2 if use >= SATURATED else math.ceil(now / max(use, 1e-3))
+                if fill < threads:
+                    threads = max(1, fill)
+                    cap_note = (f"; {lanes} fetches at once would hide loading, but {threads} threads "
+                                "a worker keep its core busy")
+            if lanes > workers * self.max_threads and not cap_note:
                 cap_note = (f"; {lanes} fetches at once would hide loading, but {self.cap_why}" if self.cap_why
                             else f"; {lanes} fetches at once would hide loading, capped at {self.max_threads} threads")
         cv = e["std"] / busy if busy > 0 else 0.0
@@ -381,7 +415,7 @@ class Tuner:
                 if kind == "I/O-bound" and fit < workers:
                     threads = min(self.max_threads, math.ceil(workers * threads / fit))
                 workers = min(workers, fit)
-        reason = (f"{kind} ({ratio_txt}): a batch takes {busy * 1e3:.1f} ms in a worker, "
+        reason = (f"{kind} ({ratio_txt}): a batch takes {work * 1e3:.1f} ms of fetching, "
                   f"the loop {step * 1e3:.1f} ms per batch{cap_note}{mem_note}")
         return Decision(workers, threads, prefetch, reason, False)
 

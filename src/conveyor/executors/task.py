@@ -47,14 +47,17 @@ class Result:
     end: float = 0.0
     retired: tuple[int, ...] = ()  # slots the worker dropped from its pool
     warning: str | None = None
-    cpu: float | None = None  # CPU seconds the worker spent on it
+    cpu: float | None = None  # CPU seconds the worker spent on it (or over ``cpu_span``)
     nbytes: int | None = None  # bytes of array data in the batch
     rss: int | None = None  # the worker's resident memory, now and then
+    # (batches, wall seconds) ``cpu`` covers when it spans the worker's last batches, idle
+    # time between them included; None: ``cpu`` is this batch's alone
+    cpu_span: tuple[int, float] | None = None
 
     def __reduce__(self) -> tuple[Any, ...]:
         return Result, (self.seq, self.worker, self.batch, self.failure, self.exhausted, self.empty,
                         self.skipped, self.start, self.fetched, self.end, self.retired, self.warning,
-                        self.cpu, self.nbytes, self.rss)
+                        self.cpu, self.nbytes, self.rss, self.cpu_span)
 
 
 @dataclass(frozen=True, slots=True)

@@ -179,6 +179,12 @@ class Fetcher:
         self.lock = rng_lock if (shared_rng or spec.fetch_threads > 1) and spec.seed is not None else None
         self.cpu_clock = cpu_clock or time.thread_time
         self.runs = 0
+        # a worker reports CPU time over spans of batches, idle time included: with fetch threads
+        # a batch's samples are fetched before and between runs, so one run's interval says
+        # little. (cpu clock, wall clock, runs) where the current span began; None: not yet.
+        # The main process, which trains between its batches, times each sampled batch alone.
+        self.spans = worker_id is not None
+        self.span_mark: tuple[float, float, int] | None = None
         self.pool: FetchPool | None = None
         self.threads = 1
         self.pending: dict[int, Batch] = {}
@@ -383,10 +389,14 @@ class Fetcher:
     def run(self, task: Task) -> Result:
         """Fetch and collate ``task`` (large leaves into ``self.alloc``'s buffers, when set)."""
         start = time.perf_counter()
-        # CPU clocks are system calls here (~10 us): sample one batch in eight, never the
-        # first (it also pays one-time costs, which would make waiting look like computing)
+        # CPU clocks are system calls here (~10 us): read them once in eight batches, never
+        # over the first (it also pays one-time costs, which would make waiting look like computing)
         self.runs += 1
-        cpu0 = self.cpu_clock() if self.runs & 7 == 2 else None
+        cpu0 = None
+        if self.runs == 2 and self.spans:
+            self.span_mark = (self.cpu_clock(), start, 1)
+        elif self.runs & 7 == 2 and not self.spans:
+            cpu0 = self.cpu_clock()
         spec = self.spec
         try:
             if spec.iterable:
@@ -405,8 +415,17 @@ class Fetcher:
                               start=start, fetched=fetched, end=fetched)
             if not done and spec.collate_fn is not None:
                 data = self._collate(spec.collate_fn, data)
+            end = time.perf_counter()
+            mark = self.span_mark
+            if mark is not None and self.runs - mark[2] >= (3 if mark[2] == 1 else 8):
+                # the first span ends after three batches, for the tuner's first decisions
+                now = self.cpu_clock()
+                self.span_mark = (now, end, self.runs)
+                return Result(task.seq, self._wid(), batch=data, skipped=tuple(skipped), start=start,
+                              fetched=fetched, end=end, cpu=now - mark[0],
+                              cpu_span=(self.runs - mark[2], end - mark[1]))
             return Result(task.seq, self._wid(), batch=data, skipped=tuple(skipped),
-                          start=start, fetched=fetched, end=time.perf_counter(),
+                          start=start, fetched=fetched, end=end,
                           cpu=None if cpu0 is None else self.cpu_clock() - cpu0)
         except Exception as exc:
             indices = task.indices
