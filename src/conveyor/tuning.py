@@ -18,9 +18,9 @@ spent computing: CPU-bound work (>= 0.5) gets one process per lane, never more
 than the CPU budget. I/O-bound work gets just enough processes for its CPU
 share and ``fetch_threads`` for the rest: threads wait on storage as well as
 processes do, at a fraction of the memory, up to what keeps a worker's core
-busy (``cpu / busy`` is the share of its core a worker uses with ``T``
-threads; a worker near a full core is offered fewer threads, each cut checked
-by :class:`ThreadSteer`). Memory caps the worker count: every worker costs
+busy (the share of its core a worker used with ``T`` threads is its CPU time
+over the wall time of spans of its batches; a worker near a full core is
+offered fewer threads, each cut checked by :class:`ThreadSteer`). Memory caps the worker count: every worker costs
 its resident growth plus ``prefetch_factor`` batches in flight.
 
 When workers do not report CPU time, the tuner assumes CPU-bound work (more
@@ -40,7 +40,7 @@ from typing import Any
 __all__ = ["Decision", "ThreadSteer", "Tuner", "cpu_budget", "ram_budget"]
 
 IO_BOUND = 0.5  # cpu/work below this: the fetch mostly waits
-SATURATED = 0.9  # cpu/busy above this: a worker's threads keep its core busy
+SATURATED = 0.9  # a worker's core share above this: its threads keep the core busy
 MAX_THREADS = 64
 
 
