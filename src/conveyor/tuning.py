@@ -20,8 +20,9 @@ share and ``fetch_threads`` for the rest: threads wait on storage as well as
 processes do, at a fraction of the memory, up to what keeps a worker's core
 busy (the share of its core a worker used with ``T`` threads is its CPU time
 over the wall time of spans of its batches; a worker near a full core is
-offered fewer threads, each cut checked by :class:`ThreadSteer`). Memory caps the worker count: every worker costs
-its resident growth plus ``prefetch_factor`` batches in flight.
+offered fewer threads, each cut checked by :class:`ThreadSteer`). Memory caps
+the worker count: every worker costs its resident growth plus
+``prefetch_factor`` batches in flight.
 
 When workers do not report CPU time, the tuner assumes CPU-bound work (more
 processes hide latency too), and switches to threads once it has seen that
@@ -131,9 +132,14 @@ class Window:
     use: float | None = None  # share of its core a worker kept busy (CPU over wall of its spans)
 
     @property
+    def threads(self) -> int:
+        """Fetch threads a worker ran with."""
+        return max(1, self.lanes // max(1, self.workers))
+
+    @property
     def work(self) -> float:
         """Lane-seconds of one batch: its wall time in a worker times the worker's threads."""
-        return self.busy * max(1, self.lanes // max(1, self.workers))
+        return self.busy * self.threads
 
 
 def _totals(snap: dict[str, Any]) -> tuple[int, float, float, float, int, float, float]:
@@ -349,7 +355,7 @@ class Tuner:
                     self._io_evidence = True
         # the share of its core a worker used, and with how many threads: the latest window
         # that knows (a mean over windows run with other thread counts would mix them up)
-        use = next(((w.use, w.lanes // max(1, w.workers)) for w in reversed(ws) if w.use is not None), None)
+        use = next(((w.use, w.threads) for w in reversed(ws) if w.use is not None), None)
         return {"busy": busy, "work": work, "std": std, "cpu": cpu, "step": step, "use": use}
 
     def _choose(self, e: dict[str, Any]) -> Decision:

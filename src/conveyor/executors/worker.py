@@ -416,17 +416,16 @@ class Fetcher:
             if not done and spec.collate_fn is not None:
                 data = self._collate(spec.collate_fn, data)
             end = time.perf_counter()
+            cpu = None if cpu0 is None else self.cpu_clock() - cpu0
+            span = None
             mark = self.span_mark
             if mark is not None and self.runs - mark[2] >= (3 if mark[2] == 1 else 8):
                 # the first span ends after three batches, for the tuner's first decisions
                 now = self.cpu_clock()
                 self.span_mark = (now, end, self.runs)
-                return Result(task.seq, self._wid(), batch=data, skipped=tuple(skipped), start=start,
-                              fetched=fetched, end=end, cpu=now - mark[0],
-                              cpu_span=(self.runs - mark[2], end - mark[1]))
-            return Result(task.seq, self._wid(), batch=data, skipped=tuple(skipped),
-                          start=start, fetched=fetched, end=end,
-                          cpu=None if cpu0 is None else self.cpu_clock() - cpu0)
+                cpu, span = now - mark[0], (self.runs - mark[2], end - mark[1])
+            return Result(task.seq, self._wid(), batch=data, skipped=tuple(skipped), start=start,
+                          fetched=fetched, end=end, cpu=cpu, cpu_span=span)
         except Exception as exc:
             indices = task.indices
             return Result(task.seq, self._wid(), failure=capture(exc, self.worker_id, indices, keep=self.keep),
