@@ -9,6 +9,7 @@ import pytest
 
 import conveyor.loader
 from conveyor import DataLoader
+from conveyor.tuning import Decision, Tuner
 
 
 class Tiny:
@@ -303,6 +304,21 @@ def test_the_next_epoch_starts_from_the_workers_chosen_before() -> None:
     assert pool.tuner is tuner
     assert start == (chosen["num_workers"], chosen["fetch_threads"], chosen["prefetch_factor"], "workers")
     assert stats["workers_started"] and stats["main_process_batches"] == 0
+
+
+def test_the_next_epoch_starts_from_the_threads_that_ran_not_the_wish() -> None:
+    # ThreadSteer may keep more threads than the model asks (a cut it undid, or one vote
+    # for fewer): the next epoch goes on with the threads that ran, which tuning() reports
+    tuner = Tuner(cpu=2, warmup=4, start=Decision(1, 8, 2, "I/O-bound", False))
+    tuner.seen = 24  # past its warm-up: the decision is no placeholder
+    tuner.threads_run = 16
+    with DataLoader(Waits(), batch_size=16, num_workers="auto", output="numpy") as loader:
+        loader._tuner = tuner
+        it = iter(loader)
+        pool = it.pool  # type: ignore[attr-defined]
+        start = (pool.num_workers, pool.threads, pool.mode)
+        del it
+    assert start == (1, 16, "workers")
 
 
 def test_fetch_threads_auto_needs_workers_to_tune() -> None:

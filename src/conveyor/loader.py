@@ -923,7 +923,7 @@ class _Pool:
                             "reason": "in-memory arrays: one gather in the main process beats any worker"})
         self.epoch_start = 0  # seq of the current epoch's first batch
         if kept is not None and not kept.measuring and not self.bulk:
-            self._resume(kept.decision())
+            self._resume(kept)
         if self.num_workers == 0 and not auto_workers:
             inline = InlineExecutor(self.spec)
             inline.fetcher.alloc = self.recycler
@@ -934,12 +934,14 @@ class _Pool:
         self.quick = (self.spec.auto_collation and not self.spec.iterable and self.spec.seed is None
                       and self.spec.on_error == "raise")
 
-    def _resume(self, kept: Any) -> None:
+    def _resume(self, tuner: Tuner) -> None:
         """Start where "auto" got to in the epochs before (workers that do not persist are
-        new every epoch): no probing batches, and the tuner goes on from its last choice."""
+        new every epoch): no probing batches, and the tuner goes on from its last choice.
+        Threads start at the count that ran, which ThreadSteer may have kept above the wish."""
         auto = self.auto or {}
+        kept = tuner.decision()
         if auto.get("fetch_threads") and not self.keeps_files():
-            self.threads = kept.fetch_threads
+            self.threads = tuner.threads_run or kept.fetch_threads
         if auto.get("prefetch_factor") and kept.prefetch_factor:
             self.prefetch = kept.prefetch_factor
         if auto.get("num_workers"):
@@ -1278,6 +1280,7 @@ class _Pool:
                    else self.threads)
         prefetch = (d.prefetch_factor or 2) if auto.get("prefetch_factor") else self.prefetch
         self.apply(workers, threads, prefetch)
+        tuner.threads_run = self.threads
 
     def apply(self, workers: int, threads: int, prefetch: int) -> None:
         if workers > 0 and self.mode != "workers" or workers > self.num_workers:

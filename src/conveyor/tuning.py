@@ -253,6 +253,7 @@ class Tuner:
         self._io_evidence = False
         self._probed = False
         self.thread_steer = ThreadSteer()
+        self.threads_run: int | None = None  # fetch threads the loader last ran (set by the loader)
 
     # -- input --------------------------------------------------------------
     def observe(self, snap: dict[str, Any]) -> None:
