@@ -46,3 +46,22 @@ def test_quick_run_writes_reports(tmp_path: Path) -> None:
         if head["status"] == "ok":
             assert head["vs_torch2"] > 0 and head["vs_torch0"] > 0
     assert "efficiency" in report["scenarios"]["overlap"]["loaders"]["torch2"]
+
+
+@pytest.mark.timeout(120)
+def test_overlap_budget_accounts_for_the_cpu_it_asked_for() -> None:
+    # the scenario burns 4 ms of CPU a batch in the step (main process) and 4 ms in the
+    # collate (workers): the budget must find at least that much on each side
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import overlap_budget
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    run = overlap_budget.run_child("conveyor2")
+    assert run["main_cpu_s"] >= 0.004 and run["workers_cpu_s"] >= 0.004
+    assert run["steady_batch_s"] >= 0.004 and run["total_s"] >= 2 * 256 * 0.004 * 0.999
+    assert abs(run["efficiency"] - 2 * 256 * 0.004 / run["total_s"]) < 1e-9
+    text = overlap_budget.report({"conveyor2": [run]}, cores=2)
+    row = next(line for line in text.splitlines() if line.startswith("| conveyor2 |"))
+    bound = max(run["main_cpu_s"], (run["main_cpu_s"] + run["workers_cpu_s"]) / 2)
+    assert row.split("|")[1:-1][-1].strip() == f"{1e3 * bound:.3f}"

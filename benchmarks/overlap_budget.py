@@ -1,0 +1,170 @@
+"""Where the overlap scenario's time goes: a CPU budget per batch, loader by loader.
+
+The overlap scenario asks for 4 ms of CPU per batch in the workers (the collate) and
+4 ms in the main process (the step), so on a machine with C cores the best a loader
+can do is max(4 ms, 8 ms / C) a batch. Every microsecond a loader spends anywhere
+else comes out of that: on 2 cores, both are fully subscribed, and a batch cannot
+take less than (main CPU + workers' CPU) / 2. This script measures those CPU times
+per batch (from /proc/<pid>/task/*/schedstat, nanoseconds, every thread), in the
+steady state and at the edges (start, epoch boundary), so the efficiency that
+benchmarks/run.py reports can be read as a sum of named costs.
+
+    python benchmarks/overlap_budget.py                 # conveyor2 and torch2, 3 runs each
+    python benchmarks/overlap_budget.py --runs 5 --out benchmarks/results/overlap_budget.md
+
+Linux only (schedstat). Each run is a fresh child process, loaders alternated.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+BATCHES = 256  # an epoch of the overlap scenario (2048 samples, batch 8)
+EPOCHS = 2
+STEADY = (20, 240)  # batches of the first epoch counted as steady state
+
+
+def _cpu_ns(pid: int) -> int:
+    """CPU time of every thread of ``pid`` so far, in nanoseconds (0 once it is gone)."""
+    total = 0
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return 0
+    for t in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{t}/schedstat") as f:
+                total += int(f.read().split()[0])
+        except OSError:
+            pass
+    return total
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            return [int(p) for p in f.read().split()]
+    except OSError:
+        return []
+
+
+def measure(loader_name: str) -> dict[str, Any]:
+    """One run of the overlap scenario with ``loader_name`` in this process."""
+    sys.path[:0] = [str(HERE), str(HERE.parent / "src")]
+    import loaders
+    import scenarios
+
+    setup = scenarios.SCENARIOS["overlap"].build("conveyor" if loader_name.startswith("conveyor") else "torch",
+                                                 False)
+    loaders.preload(loader_name)
+    me = os.getpid()
+    t0 = time.perf_counter()
+    handle = loaders.make(loader_name, setup.dataset, setup.batch_size, setup.collate_fn, EPOCHS)
+    marks: dict[str, tuple[float, int, int]] = {}
+    n = 0
+    try:
+        for _ in range(EPOCHS):
+            for batch in handle.epoch():
+                if n in (0, 10, STEADY[0], STEADY[1], BATCHES - 6, BATCHES + 6):
+                    kids = _children(me)
+                    marks[str(n)] = (time.perf_counter(), _cpu_ns(me), sum(_cpu_ns(k) for k in kids))
+                setup.step(batch)
+                n += 1
+                del batch
+        end = time.perf_counter()
+    finally:
+        handle.close()
+    assert n == EPOCHS * BATCHES, n
+    ideal = scenarios.overlap_ideal(handle.workers or 0)
+    (ta, ma, wa), (tb, mb, wb) = marks[str(STEADY[0])], marks[str(STEADY[1])]
+    k = STEADY[1] - STEADY[0]
+    edge_a, edge_b = marks[str(BATCHES - 6)], marks[str(BATCHES + 6)]
+    return {
+        "total_s": end - t0,
+        "efficiency": ideal * n / (end - t0),
+        "first_s": marks["0"][0] - t0,
+        # the first ten batches against ten ideal ones: worker start-up and the probe
+        "start_loss_s": marks["10"][0] - t0 - 10 * ideal,
+        "epoch_edge_loss_s": edge_b[0] - edge_a[0] - 12 * ideal,
+        "steady_batch_s": (tb - ta) / k,
+        "main_cpu_s": (mb - ma) / 1e9 / k,
+        "workers_cpu_s": (wb - wa) / 1e9 / k,
+    }
+
+
+def child_main(loader_name: str) -> None:
+    print(json.dumps(measure(loader_name)))
+
+
+def run_child(loader_name: str) -> dict[str, Any]:
+    out = subprocess.run([sys.executable, __file__, "--child", loader_name], capture_output=True, text=True,
+                         timeout=120, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def report(results: dict[str, list[dict[str, Any]]], cores: int) -> str:
+    med = {name: {key: statistics.median(r[key] for r in runs) for key in runs[0]} for name, runs in results.items()}
+    lines = [
+        "# overlap: where the time goes",
+        "",
+        f"- machine: {platform.processor() or platform.machine()}, {cores} usable cores, "
+        f"{platform.platform()}, python {platform.python_version()}",
+        f"- {len(next(iter(results.values())))} runs per loader (fresh process each, alternated), medians; "
+        "CPU from /proc schedstat (every thread of the main process, every worker)",
+        "- scenario: 4 ms CPU collate in the workers, 4 ms CPU step in the main process, batch 8, "
+        f"{EPOCHS} epochs of {BATCHES} batches; ideal {1e3 * 0.004:.1f} ms a batch with workers",
+        "",
+        "| loader | total s | efficiency | first batch ms | start loss ms (10 batches) | epoch edge loss ms "
+        "(12 batches) | steady ms/batch | main CPU ms/batch | workers CPU ms/batch | CPU bound ms/batch |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for name, m in med.items():
+        bound = max(m["main_cpu_s"], (m["main_cpu_s"] + m["workers_cpu_s"]) / cores)
+        lines.append(
+            f"| {name} | {m['total_s']:.3f} | {m['efficiency']:.3f} | {1e3 * m['first_s']:.1f} | "
+            f"{1e3 * m['start_loss_s']:.1f} | {1e3 * m['epoch_edge_loss_s']:.1f} | {1e3 * m['steady_batch_s']:.3f} | "
+            f"{1e3 * m['main_cpu_s']:.3f} | {1e3 * m['workers_cpu_s']:.3f} | {1e3 * bound:.3f} |")
+    lines += [
+        "",
+        "CPU bound = max(main CPU, (main CPU + workers' CPU) / cores): the shortest a steady-state batch",
+        "can take when the cores run nothing else. Main CPU above 4 ms is the loader's work in",
+        "next() (reading the result, building the batch, handing out the next task); workers' CPU above",
+        "4 ms is fetching, collating, writing the batch and sending it, and waking up for it.",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--child", help=argparse.SUPPRESS)
+    p.add_argument("--loader", action="append", help="loaders to measure (default conveyor2 torch2)")
+    p.add_argument("--runs", type=int, default=3)
+    p.add_argument("--out", help="write the markdown table here too")
+    a = p.parse_args(argv)
+    if a.child:
+        child_main(a.child)
+        return 0
+    names = a.loader or ["conveyor2", "torch2"]
+    results: dict[str, list[dict[str, Any]]] = {n: [] for n in names}
+    for _ in range(a.runs):
+        for n in names:
+            results[n].append(run_child(n))
+    text = report(results, len(os.sched_getaffinity(0)))
+    print(text)
+    if a.out:
+        Path(a.out).write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
