@@ -172,6 +172,31 @@ def test_a_computing_first_batch_starts_the_workers_for_the_second() -> None:
     assert second and min(second) == 2, ds.seen  # the second: both workers already forked
 
 
+def test_time_a_probing_batch_spent_preempted_is_not_waiting(monkeypatch: pytest.MonkeyPatch) -> None:
+    # 8 ms of wall, 2 ms of CPU: waiting, unless 6 ms of it the thread sat on a run queue
+    # (a busy machine), in which case it computed the whole time it ran
+    clock = {"wall": 0.0, "cpu": 0.0, "rq": 0.0}
+    fake = type("FakeTime", (), {"perf_counter": staticmethod(lambda: clock["wall"]),
+                                 "process_time": staticmethod(lambda: clock["cpu"])})
+    monkeypatch.setattr(conveyor.loader, "time", fake)
+    monkeypatch.setattr(conveyor.loader, "_runqueue_wait", lambda: clock["rq"])
+    started: list[float] = []
+    for rq, expect_start in ((0.006, False), (0.0, True)):
+        started.clear()
+        clock.update(wall=0.0, cpu=0.0, rq=0.0)
+        check = conveyor.loader._Pool._early_check(started.append, 0.0, 0.0, 0.0, first=True)
+        clock.update(wall=0.008, cpu=0.002, rq=rq)
+        again = check()
+        if expect_start:
+            assert again is None and started == [pytest.approx(0.25)]
+        else:
+            assert started == [] and again == pytest.approx(conveyor.loader.EARLY_START_S - 0.002)
+    # without schedstat (None) the wall time is all there is
+    started.clear()
+    check = conveyor.loader._Pool._early_check(started.append, 0.0, 0.0, None, first=True)
+    assert check() is None and started == [pytest.approx(0.25)]
+
+
 @pytest.mark.timeout(60)
 def test_a_first_batch_that_copies_memory_does_not_fork_the_workers(monkeypatch: pytest.MonkeyPatch) -> None:
     # 16 MB a batch gathered from memory burns milliseconds of CPU, copying and faulting in

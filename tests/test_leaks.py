@@ -123,9 +123,40 @@ def worker_exception(wt: str) -> None:
         raise AssertionError("the worker's ValueError did not reach the loop")
 
 
+def last_batch_fails(wt: str) -> None:
+    # the failing batch is the worker's last task: it then waits for work with nothing to
+    # overwrite what it last answered (a thread worker used to keep the raised exception,
+    # and through its traceback the loader, alive: the finalizer that stops it never ran)
+    loader = conveyor.DataLoader(Failing(8, 7), batch_size=4, num_workers=1, worker_type=wt, **WORKERS)
+    try:
+        for _ in loader:
+            pass
+    except ValueError:
+        pass
+    else:
+        raise AssertionError("the worker's ValueError did not reach the loop")
+
+
+def _init_raises(worker_id: int) -> None:
+    raise KeyError(f"init failed in {worker_id}")
+
+
+def init_exception(wt: str) -> None:
+    loader = conveyor.DataLoader(Squares(), batch_size=2, num_workers=2, worker_type=wt,
+                                 worker_init_fn=_init_raises, **WORKERS)
+    for _ in range(2):
+        try:
+            next(iter(loader))
+        except KeyError:
+            pass
+        else:
+            raise AssertionError("worker_init_fn's KeyError did not reach the loop")
+
+
 SCENARIOS: dict[str, Callable[[str], None]] = {
     f.__name__: f for f in (full_iteration, close_mid_epoch, context_manager, del_and_gc, break_then_del,
-                            exception_in_loop, keyboard_interrupt, persistent_then_close, worker_exception)
+                            exception_in_loop, keyboard_interrupt, persistent_then_close, worker_exception,
+                            last_batch_fails, init_exception)
 }
 
 

@@ -835,6 +835,16 @@ def _cores() -> int:
         return os.cpu_count() or 1
 
 
+def _runqueue_wait() -> float | None:
+    """Seconds this thread has spent runnable but not running (preempted), from Linux's
+    schedstat; None where that is not available."""
+    try:
+        with open("/proc/thread-self/schedstat", "rb") as f:
+            return int(f.read().split()[1]) / 1e9
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def _typical(costs: list[float]) -> float:
     """What a main-process batch costs: a low quantile, since a busy machine preempts some
     batches, which says nothing of their cost."""
@@ -1129,7 +1139,8 @@ class _Pool:
             start()
             start = None
         if start is not None:
-            local.watch = (SLOW_S, self._early_check(start, t0, cpu0, first=not self.inline_costs))
+            local.watch = (SLOW_S, self._early_check(start, t0, cpu0, _runqueue_wait(),
+                                                     first=not self.inline_costs))
         try:
             result = local.run(task)
         finally:
@@ -1140,7 +1151,7 @@ class _Pool:
         return result, time.perf_counter() - t0 - faults
 
     @staticmethod
-    def _early_check(start: Callable[[float], None], t0: float, cpu0: float,
+    def _early_check(start: Callable[[float], None], t0: float, cpu0: float, rq0: float | None,
                      *, first: bool) -> Callable[[], float | None]:
         """The watch of a probing batch still running after ``SLOW_S``: start the
         workers (returns None), or say how much longer to wait before asking again.
@@ -1148,14 +1159,18 @@ class _Pool:
         The very first batch also pays one-time costs (first touches of the data, first calls
         into libraries), which are CPU work: it starts the workers at once only if it is
         waiting (the process used under half a core meanwhile), else after ``EARLY_START_S``.
+        Time this thread spent preempted (``rq0``: its run-queue wait at the start) is not
+        waiting: on a busy machine a computing batch would otherwise read as one that waits.
         """
         def check() -> float | None:
             wall = time.perf_counter() - t0
-            busy = (time.process_time() - cpu0) / wall  # cores the batch kept busy so far
-            if not first or wall >= EARLY_START_S or busy < 0.5:
+            rq1 = _runqueue_wait() if rq0 is not None else None
+            ran = wall - (rq1 - rq0) if rq1 is not None and rq0 is not None else wall
+            busy = (time.process_time() - cpu0) / max(ran, 1e-9)  # cores the batch kept busy while it ran
+            if not first or ran >= EARLY_START_S or busy < 0.5:
                 start(busy)
                 return None
-            return EARLY_START_S - wall
+            return EARLY_START_S - ran
         return check
 
     def _start_early(self, busy: float = 1.0) -> None:

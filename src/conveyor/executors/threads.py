@@ -12,7 +12,7 @@ import threading
 import time
 from typing import Any
 
-from ..errors import capture
+from ..errors import Failure, capture
 from .base import Event, Ledger
 from .task import Result, Task
 from .worker import WorkerSpec, _set_info, start_worker
@@ -43,6 +43,7 @@ class ThreadExecutor:
         self.threads: list[threading.Thread] = []
         self.busy: list[bool] = []  # a worker thread is running a task (its result not yet queued)
         self._suspect: dict[int, tuple[float, frozenset[int]]] = {}  # worker -> (since, seqs) (see _bury)
+        self.init_failures: dict[int, Failure] = {}  # worker -> why it could not start (it has ended)
         self.closed = False
         self.pid = os.getpid()
         self.fetch_threads = spec.fetch_threads
@@ -70,13 +71,18 @@ class ThreadExecutor:
             q.put(_Threads(n))
 
     def _loop(self, worker: int, q: queue.SimpleQueue[Task | None]) -> None:
+        # Nothing a failure refers to may stay in this frame while it waits: the exception,
+        # once raised in the main thread, refers to the loop's frames and through them to the
+        # loader, and this live thread would keep the loader from being collected, and with
+        # it the finalizer that stops this thread.
         try:
             fetcher = start_worker(self.spec, worker, kind="thread")
         except Exception as exc:
-            failure = capture(exc, worker, None, "running worker_init_fn", keep=True)
-            while (task := q.get()) is not _STOP:
-                if type(task) is not _Threads:
-                    self.results.put(Result(task.seq, worker, failure=failure))
+            # every task of this worker fails with this, answered by the executor (see
+            # submit): the thread ends rather than hold the exception
+            self.init_failures[worker] = capture(exc, worker, None, "running worker_init_fn", keep=True)
+            del exc
+            self._answer_init_failure(worker, q)
             return
         try:
             while True:
@@ -93,6 +99,7 @@ class ThreadExecutor:
                 except BaseException as exc:  # noqa: BLE001 - SystemExit and the like: raised where next() was called
                     result = Result(task.seq, worker, failure=capture(exc, worker, task.indices, keep=True))
                 self.results.put(result)
+                del result, task
                 self.busy[worker] = False
         finally:
             fetcher.close()
@@ -103,6 +110,19 @@ class ThreadExecutor:
         q = self.queues[worker]
         for t in tasks:
             q.put(t)
+        if worker in self.init_failures:
+            self._answer_init_failure(worker, q)
+
+    def _answer_init_failure(self, worker: int, q: queue.SimpleQueue[Any]) -> None:
+        """Fail every task queued for a worker whose start failed, with that failure."""
+        failure = self.init_failures[worker]
+        while True:
+            try:
+                task = q.get_nowait()
+            except queue.Empty:
+                return
+            if task is not _STOP and type(task) is not _Threads:
+                self.results.put(Result(task.seq, worker, failure=failure))
 
     def poll(self, timeout: float | None) -> list[Event]:
         try:
@@ -127,7 +147,9 @@ class ThreadExecutor:
         if self.closed:
             return
         for w, t in enumerate(self.threads):
-            if not t.is_alive() and self.ledger.count(w):
+            if not t.is_alive() and w in self.init_failures:
+                self._answer_init_failure(w, self.queues[w])
+            elif not t.is_alive() and self.ledger.count(w):
                 exc = RuntimeError(f"thread worker {w} stopped unexpectedly while holding batches")
                 for task in self.ledger.take(w):
                     self.results.put(Result(task.seq, w, failure=capture(exc, w, task.indices, keep=True)))
