@@ -112,8 +112,8 @@ def persistent_then_close(wt: str) -> None:
     loader.close()
 
 
-def worker_exception(wt: str) -> None:
-    loader = conveyor.DataLoader(Failing(40, 9), batch_size=4, num_workers=2, worker_type=wt, **WORKERS)
+def _iterate_into_failure(dataset: Failing, num_workers: int, wt: str) -> None:
+    loader = conveyor.DataLoader(dataset, batch_size=4, num_workers=num_workers, worker_type=wt, **WORKERS)
     try:
         for _ in loader:
             pass
@@ -121,20 +121,17 @@ def worker_exception(wt: str) -> None:
         pass
     else:
         raise AssertionError("the worker's ValueError did not reach the loop")
+
+
+def worker_exception(wt: str) -> None:
+    _iterate_into_failure(Failing(40, 9), 2, wt)
 
 
 def last_batch_fails(wt: str) -> None:
     # the failing batch is the worker's last task: it then waits for work with nothing to
     # overwrite what it last answered (a thread worker used to keep the raised exception,
     # and through its traceback the loader, alive: the finalizer that stops it never ran)
-    loader = conveyor.DataLoader(Failing(8, 7), batch_size=4, num_workers=1, worker_type=wt, **WORKERS)
-    try:
-        for _ in loader:
-            pass
-    except ValueError:
-        pass
-    else:
-        raise AssertionError("the worker's ValueError did not reach the loop")
+    _iterate_into_failure(Failing(8, 7), 1, wt)
 
 
 def _init_raises(worker_id: int) -> None:
