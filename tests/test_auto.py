@@ -346,6 +346,76 @@ def test_the_next_epoch_starts_from_the_threads_that_ran_not_the_wish() -> None:
     assert start == (1, 16, "workers")
 
 
+def _position(loader: DataLoader) -> dict:
+    state = loader.state_dict()
+    del state["base_seed"]  # drawn afresh by every loader
+    return state
+
+
+def _lean_and_general(monkeypatch: pytest.MonkeyPatch, **kw: object) -> list[tuple[list[int], dict, dict, list]]:
+    """The same iteration (two epochs, the second broken off after 5 batches) through the
+    lean path and, with it switched off, through the general one: batches, the state
+    after each, the stats and the trace's kinds and rows."""
+    out = []
+    for lean in (True, False):
+        if not lean:
+            monkeypatch.setattr(conveyor.loader._Run, "_go_lean", lambda self, fetcher: None)
+        with DataLoader(Tiny(), batch_size=8, output="numpy", **kw) as loader:
+            got, states = [], []
+            for b in loader:
+                got.append(b[:, 0].tolist())
+                states.append(_position(loader))
+            it = iter(loader)
+            for _ in range(5):
+                got.append(next(it)[:, 0].tolist())
+                states.append(_position(loader))
+            assert it.lean is lean  # type: ignore[attr-defined]
+            stats = loader.stats()
+            trace = [(kind, worker) for kind, worker, _, _ in loader._stats.trace]
+        keep = ("batches", "samples", "steps", "epochs", "main_process_batches", "num_workers")
+        out.append((got, states, {k: stats[k] for k in keep} | {"made_here": stats["workers"][-1]["batches"]},
+                    trace))
+    return out
+
+
+def test_the_lean_path_hands_out_what_the_general_one_does(monkeypatch: pytest.MonkeyPatch) -> None:
+    # batches made in the main process with nothing else to do take a shorter path in
+    # __next__: same batches, positions, stats and trace, with and without workers asked for
+    monkeypatch.setattr(conveyor.loader, "INLINE_MAX_S", 0.05)  # Tiny is cheap however busy the machine
+    for kw in ({}, {"num_workers": 2}):
+        lean, general = _lean_and_general(monkeypatch, **kw)
+        assert lean == general and len(lean[0]) == 64 + 5
+        monkeypatch.undo()
+        monkeypatch.setattr(conveyor.loader, "INLINE_MAX_S", 0.05)
+
+
+@pytest.mark.timeout(60)
+def test_batches_that_get_costly_leave_the_lean_path_for_the_workers() -> None:
+    # the first 24 batches are cheap (made here, by the lean path); from batch 24 on each
+    # burns 4 ms of CPU: the main process reads its costs in windows of 16 batches, and
+    # within two windows the workers take over; every batch arrives, in order
+    class Costly:
+        def __len__(self) -> int:
+            return 8 * 64
+
+        def __getitem__(self, i: int) -> np.ndarray:
+            if i >= 8 * 24:
+                end = time.thread_time() + 0.0005
+                while time.thread_time() < end:
+                    pass
+            return np.full(2, i, dtype=np.int64)
+
+    with DataLoader(Costly(), batch_size=8, num_workers=2, output="numpy") as loader:
+        it = iter(loader)
+        got = [next(it)[:, 0] for _ in range(20)]
+        assert it.lean  # type: ignore[attr-defined]
+        got += [b[:, 0] for b in it]
+        stats = loader.stats()
+        assert not it.lean  # type: ignore[attr-defined]
+    assert np.array_equal(np.concatenate(got), np.arange(8 * 64))
+    assert stats["workers_started"] and stats["main_process_batches"] <= 24 + 32
+
+
 def test_fetch_threads_auto_needs_workers_to_tune() -> None:
     # without workers nothing would tune it: an error, as prefetch_factor='auto' gives
     with pytest.raises(ValueError, match="fetch_threads='auto'"):
