@@ -49,6 +49,7 @@ def test_quick_run_writes_reports(tmp_path: Path) -> None:
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.skipif(not os.path.exists("/proc/self/schedstat"), reason="reads Linux's /proc schedstat")
 def test_overlap_budget_accounts_for_the_cpu_it_asked_for() -> None:
     # the scenario burns 4 ms of CPU a batch in the step (main process) and 4 ms in the
     # collate (workers): the budget must find at least that much on each side
