@@ -1582,23 +1582,29 @@ class _Run(Generic[T]):
         pool.seq += 1
         self.reorder.next = pool.seq
         fetcher = pool.local_fetcher()
+        batch, n = self._quick_batch(fetcher.quick, indices)
+        if not self.lean:
+            self._go_lean(fetcher)
+        return batch, n
+
+    def _quick_batch(self, fetch: Callable[[Any], Any], indices: Any) -> tuple[Any, int]:
+        """Make the batch of ``indices`` here with ``fetch`` (a fetcher's quick path): timed,
+        noted, converted and pinned as the loader hands it out."""
         start = time.perf_counter()
         try:
-            batch = fetcher.quick(indices)
+            batch = fetch(indices)
         except Exception as exc:
             # the same shape as a worker's failure: original type, traceback chained, a note
             raise rebuild(capture(exc, None, indices, keep=True))  # noqa: B904 - the exception itself, noted
         end = time.perf_counter()
         self.stats.result(-1, start, 0.0, end)
-        pool.note(end - start)
+        self.pool.note(end - start)
         n = len(indices)
         self.samples_seen += n
         if self.to_numpy:
             batch = to_numpy(batch)
         if self.pin is not None:
             batch = self.pin(batch)
-        if not self.lean:
-            self._go_lean(fetcher)
         return batch, n
 
     def _go_lean(self, fetcher: Fetcher) -> None:
@@ -1630,26 +1636,12 @@ class _Run(Generic[T]):
         pool.seq = self.reorder.next = seq + 1
         fetch = self._quick_fetch
         assert fetch is not None
-        start = time.perf_counter()
-        try:
-            batch = fetch(indices)
-        except Exception as exc:
-            raise rebuild(capture(exc, None, indices, keep=True))  # noqa: B904 - as _quick raises it
-        end = time.perf_counter()
-        stats = self.stats
-        stats.result(-1, start, 0.0, end)
-        pool.note(end - start)
+        batch, n = self._quick_batch(fetch, indices)
         if pool.mode != "inline":
             self.lean = False  # batches got costly: the workers make the next ones
-        n = len(indices)
-        self.samples_seen += n
-        if self.to_numpy:
-            batch = to_numpy(batch)
-        if self.pin is not None:
-            batch = self.pin(batch)
         self.prefix += 1  # in order, none left out: the position is the count
         self.yielded += 1
-        stats.handed(asked, time.perf_counter(), n, 0)
+        self.stats.handed(asked, time.perf_counter(), n, 0)
         return batch
 
     def _bulk(self) -> tuple[Any, int]:
