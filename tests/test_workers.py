@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import gc
 import os
+import platform
+import sys
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -249,3 +251,87 @@ def test_workers_run_at_most_prefetch_batches_ahead_of_a_slow_consumer(worker_ty
             most = max(most, fetched // 2 - handed)
     assert most <= 2 * 2, f"the workers ran {most} batches ahead (prefetch_factor x num_workers = 4)"
     assert most >= 2  # they did run ahead: the bound is what held them
+
+
+def _malloc_churn(cycles: int = 8, size: int = 3 << 20, chunks: int = 3) -> list[int]:
+    """Page faults of each cycle that mallocs ``chunks`` blocks of ``size``, writes them and
+    frees them (a batch a collate_fn allocates with torch.stack, then drops). Left to its
+    dynamic thresholds glibc hands the freed blocks back to the kernel here (~1500 faults a
+    cycle, every cycle); with the thresholds fixed they are reused."""
+    import ctypes
+    import resource
+
+    libc = ctypes.CDLL(None)
+    libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
+    libc.free.argtypes = [ctypes.c_void_p]
+    first = libc.malloc(size)  # the first large block is mmap'd: freeing it raises the thresholds
+    ctypes.memset(first, 1, size)
+    libc.free(first)
+    faults = []
+    for _ in range(cycles):
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        blocks = [libc.malloc(size) for _ in range(chunks)]
+        for b in blocks:
+            ctypes.memset(b, 1, size)
+        for b in reversed(blocks):
+            libc.free(b)
+        faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+    return faults
+
+
+class MallocChurn(tud.Dataset):
+    """Each sample: the fewest page faults of a malloc churn run in whichever process fetches it."""
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        return torch.tensor([min(_malloc_churn()[1:])])
+
+    def __len__(self) -> int:
+        return 2
+
+
+glibc = pytest.mark.skipif(sys.platform != "linux" or platform.libc_ver()[0] != "glibc",
+                           reason="glibc's malloc thresholds")
+
+
+@glibc
+@pytest.mark.timeout(60)
+def test_process_workers_keep_freed_batch_memory(monkeypatch: pytest.MonkeyPatch) -> None:
+    # detection-style collates allocate each batch with malloc; a worker that hands the
+    # freed batch back to the kernel faults all of the next one in again
+    for var in ("MALLOC_TRIM_THRESHOLD_", "MALLOC_MMAP_THRESHOLD_", "GLIBC_TUNABLES"):
+        monkeypatch.delenv(var, raising=False)
+    pages = 3 * (3 << 20) // os.sysconf("SC_PAGE_SIZE")
+    with conveyor.DataLoader(MallocChurn(), batch_size=1, num_workers=1, adaptive=False,
+                             multiprocessing_context="fork") as loader:
+        faults = [int(b) for b in loader]
+    assert max(faults) < pages // 10, f"{faults} page faults a cycle in a worker (of {pages} pages written)"
+
+
+@glibc
+def test_steady_malloc_is_off_when_the_user_tuned_malloc(monkeypatch: pytest.MonkeyPatch) -> None:
+    from conveyor.executors.worker import steady_malloc
+
+    monkeypatch.setenv("MALLOC_TRIM_THRESHOLD_", "131072")
+    assert steady_malloc() is False
+    monkeypatch.delenv("MALLOC_TRIM_THRESHOLD_")
+    monkeypatch.setenv("GLIBC_TUNABLES", "glibc.malloc.trim_threshold=131072")
+    assert steady_malloc() is False
+    monkeypatch.delenv("GLIBC_TUNABLES")
+    assert steady_malloc(0) is False  # CONVEYOR_WORKER_HEAP_KEEP_MB=0
+
+
+@glibc
+@pytest.mark.timeout(60)
+def test_the_main_process_keeps_glibcs_own_thresholds() -> None:
+    # the thresholds are set in conveyor's worker processes only, never in the user's: a fresh
+    # interpreter that runs a loader with workers still trims (the churn faults every cycle)
+    import subprocess
+
+    code = ("import conveyor, torch, test_workers as t\n"
+            "with conveyor.DataLoader(t.MallocChurn(), batch_size=1, num_workers=1, adaptive=False) as l:\n"
+            "    list(l)\n"
+            "print(min(t._malloc_churn()[1:]))\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_") and k != "GLIBC_TUNABLES"}
+    env["PYTHONPATH"] = os.pathsep.join([os.path.dirname(__file__), env.get("PYTHONPATH", "")])
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=50, env=env, check=True)
+    assert int(out.stdout.split()[-1]) > 1000, out.stdout
