@@ -272,3 +272,50 @@ def test_report_reads_a_fetch_cpu_share_with_its_threads() -> None:
          "fetch_threads": 16, "workers": {w: {"batches": 32, "busy_s": 0.32, "cpu_s": 0.256, "cpu_batches": 32}
                                           for w in (0, 1)}}
     assert "fetches mostly wait on storage (CPU 5% of their time)" in report(s, cores=8)
+
+
+def _same_but_elapsed(a: Stats, b: Stats) -> None:
+    sa, sb = a.snapshot(), b.snapshot()
+    for snap in (sa, sb):
+        for key in ("elapsed_s", "throughput_batches_s", "throughput_samples_s"):
+            snap.pop(key)
+        for w in snap["workers"].values():
+            w.pop("busy_fraction")
+    assert sa == sb
+    assert list(a.trace) == list(b.trace)
+
+
+def test_lean_batches_folded_in_later_count_as_if_fed_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    # the lean path records five numbers a batch and the totals catch up on the next read:
+    # any read, any other event and the end of an epoch see the same as result() + handed()
+    import conveyor.stats as stats_mod
+
+    monkeypatch.setattr(stats_mod, "PENDING_MAX", 7)  # a flush mid-way too
+    now, later = Stats(started=0.0), Stats(started=0.0)
+    t = 0.0
+    for epoch in range(2):
+        for i in range(20):
+            start, end, asked, got = t + 0.1, t + 0.3, t, t + 0.35 + (i % 3) * 1e-6
+            now.result(-1, start, 0.0, end)
+            now.handed(asked, got, 32 - i % 2, 0)
+            later.made_here(start, end, asked, got, 32 - i % 2)
+            if i == 11:  # a worker's batch among them: order kept on the trace
+                now.result(0, t + 0.36, t + 0.37, t + 0.38, cpu=0.01, nbytes=100)
+                later.result(0, t + 0.36, t + 0.37, t + 0.38, cpu=0.01, nbytes=100)
+            if i == 15:
+                assert later.snapshot()["batches"] == now.snapshot()["batches"]  # a read mid-epoch
+            t += 1.0
+        now.epoch_end()
+        later.epoch_end()
+    assert len(later.pending) == 0
+    _same_but_elapsed(now, later)
+    assert now.batches == 40 and now.steps == 38  # no step across the epoch boundary
+
+
+def test_lean_batches_left_pending_show_in_the_trace() -> None:
+    st = Stats(started=0.0)
+    st.made_here(0.1, 0.2, 0.0, 0.25, 8)
+    st.made_here(1.1, 1.2, 1.0, 1.25, 8)
+    assert list(st.trace) == [("fetch", -1, 0.1, 0.2), ("wait", -2, 0.0, 0.25), ("fetch", -1, 1.1, 1.2),
+                              ("step", -2, 0.25, 1.0), ("wait", -2, 1.0, 1.25)]
+    assert st.batches == 2 and st.samples == 16
