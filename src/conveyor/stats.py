@@ -153,8 +153,8 @@ class Stats:
         pending = self.pending
         if not pending:
             return
-        self.pending = array.array("d")
-        result, handed = self._result, self._handed
+        self.pending = array.array("d")  # empty again first: result() and handed() flush nothing
+        result, handed = self.result, self.handed
         for i in range(0, len(pending), 5):
             start, end, asked, got, size = pending[i:i + 5]
             result(INLINE, start, 0.0, end)
@@ -172,12 +172,6 @@ class Stats:
         """
         if self.pending:
             self.flush()
-        self._result(worker, start, fetched, end, cpu=cpu, nbytes=nbytes, rss=rss, batches=batches,
-                     cpu_span=cpu_span)
-
-    def _result(self, worker: int, start: float, fetched: float, end: float, *,
-                cpu: float | None = None, nbytes: int | None = None, rss: int | None = None,
-                batches: int = 1, cpu_span: tuple[int, float] | None = None) -> None:
         wt = self.workers.get(worker)
         if wt is None:
             wt = self.workers[worker] = WorkerTimes()
@@ -206,9 +200,6 @@ class Stats:
         """The consumer asked at ``asked`` and got a batch of ``size`` at ``got``."""
         if self.pending:
             self.flush()
-        self._handed(asked, got, size, ready)
-
-    def _handed(self, asked: float, got: float, size: int, ready: int) -> None:
         self.batches += 1
         self.samples += size
         self.wait_s += got - asked
