@@ -172,6 +172,33 @@ def test_a_computing_first_batch_starts_the_workers_for_the_second() -> None:
     assert second and min(second) == 2, ds.seen  # the second: both workers already forked
 
 
+@pytest.mark.timeout(60)
+def test_the_worker_held_back_for_a_probing_batch_gets_work_as_that_batch_is_handed_out() -> None:
+    # the second probing batch stands in for worker 1 (its RNG), so while it is made here
+    # only worker 0 is handed a batch. Once it is made, worker 1 must get its batches before
+    # next() returns, not at the next call, a training step later.
+    class Computes:
+        def __len__(self) -> int:
+            return 64
+
+        def __getitem__(self, i: int) -> np.ndarray:
+            end = time.thread_time() + 0.001
+            while time.thread_time() < end:
+                pass
+            return np.full(2, i, dtype=np.int64)
+
+    with DataLoader(Computes(), batch_size=8, num_workers=2, output="numpy") as loader:
+        run = iter(loader)
+        next(run)
+        next(run)
+        holders = {w for w, _ in run.inflight.values()}
+        rest = [b[:, 0] for b in run]
+        stats = loader.stats()
+    assert stats["workers_started"]
+    assert holders == {0, 1}, holders
+    assert np.array_equal(np.concatenate(rest), np.arange(16, 64))
+
+
 def test_time_a_probing_batch_spent_preempted_is_not_waiting(monkeypatch: pytest.MonkeyPatch) -> None:
     # 8 ms of wall, 2 ms of CPU: waiting, unless 6 ms of it the thread sat on a run queue
     # (a busy machine), in which case it computed the whole time it ran

@@ -384,3 +384,25 @@ def test_two_live_iterators_keep_the_epochs_they_were_made_for(kw: dict[str, Any
         got_a, got_b = [x.clone() for x in a], [x.clone() for x in b]
     assert all(torch.equal(x, y) for x, y in zip(got_a, seq[0], strict=True))
     assert all(torch.equal(x, y) for x, y in zip(got_b, seq[1], strict=True))
+
+
+@pytest.mark.timeout(60)
+def test_auto_probing_batches_draw_as_a_loader_without_workers() -> None:
+    """num_workers="auto" chooses the worker count itself, so there is no worker whose stream a
+    probing batch must match: the main process makes it as num_workers=0 does, drawing from
+    the user's RNGs as they are (it used to seed them as worker 0's first)."""
+    ds = Noisy(12)
+    runs = []
+    for workers in (0, "auto"):
+        torch.manual_seed(42)
+        random.seed(42)
+        np.random.seed(42)
+        with DataLoader(ds, batch_size=3, num_workers=workers) as loader:
+            got = [b.clone() for b in loader]
+            here = loader.stats()["main_process_batches"]
+        runs.append((got, here, torch.rand(2), random.random(), np.random.rand()))
+    (want, _, *after_want), (got, here, *after_got) = runs
+    assert here >= 2  # two cheap probing batches at least (a slow machine may start workers after)
+    same_epochs(want[:here], got[:here])
+    if here == len(want):  # every batch made here: the user's streams moved as without workers
+        assert torch.equal(after_want[0], after_got[0]) and after_want[1:] == after_got[1:]

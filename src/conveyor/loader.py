@@ -909,6 +909,9 @@ class _Pool:
         self.adaptive = auto_workers or (loader.adaptive and self.num_workers > 0 and not loader._iterable
                                          and loader.worker_init_fn is None and not self.timed)
         self.mode = "probe" if self.adaptive else "workers"
+        # "auto" chooses the worker count itself, so there is no worker whose stream a probing
+        # batch must match: it is made as num_workers=0 makes a batch, with the RNGs as they are
+        self.probe_as_worker = not auto_workers
         self.inline_costs: list[float] = []
         self.probe_cpu = 0.0  # CPU seconds of the last probing batch
         self.inline_rates: list[float] = []  # bytes per second of the main-process batches
@@ -1072,7 +1075,13 @@ class _Pool:
         them alone, later probing batches are made with the RNGs as they are (seeding and
         restoring cost ~0.1 ms a batch) and only compared; one that moves them after all
         is made again, seeded.
+
+        With ``num_workers="auto"`` there is no such worker (the count is the loader's own
+        choice): the batch is made as a loader without workers makes it, drawing from the
+        RNGs as they are (seeding and three snapshots cost ~0.8 ms in a fresh process).
         """
+        if not self.probe_as_worker:
+            return self._timed(*self._run_probe(local, task, watch=True))
         w = (task.seq - self.epoch_start) % max(1, self.num_workers or _cores())
         user = rng.RngState()
         before: rng.RngState | None = None
@@ -1524,6 +1533,10 @@ class _Run(Generic[T]):
                     pool.on_early = None
                 out = self._take(result)
                 if out is not None:
+                    if pool.mode == "workers" and pool.started:
+                        # workers started while this batch was made here: the one held back for
+                        # it (its RNG stand-in) gets its batches now, not at the next call
+                        self._fill()
                     return out
                 if self.inflight or len(self.reorder):
                     break  # the workers hold the next batches: wait for them
