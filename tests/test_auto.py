@@ -137,29 +137,32 @@ def test_a_waiting_first_batch_starts_the_workers_before_it_ends() -> None:
     assert stats["main_process_batches"] == 1
 
 
+class Computes:
+    """64 samples, each burning 1 ms of CPU; notes (index, live workers) of those made here."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[int, int]] = []
+
+    def __len__(self) -> int:
+        return 64
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        import multiprocessing as mp
+
+        end = time.thread_time() + 0.001
+        while time.thread_time() < end:
+            pass
+        if conveyor.get_worker_info() is None:
+            self.seen.append((i, len(mp.active_children())))
+        return np.full(2, i, dtype=np.int64)
+
+
 @pytest.mark.timeout(60)
 def test_a_computing_first_batch_starts_the_workers_for_the_second() -> None:
     # each sample burns 1 ms of CPU: the first batch (8 ms, under the 25 ms a first batch may
     # take for one-time costs) is made here as a probe. Preemption cannot make a batch burn
     # CPU, so the workers are forked as the second probe starts and make the batches after it
     # while it is made here; they used to wait until it had ended.
-    import multiprocessing as mp
-
-    class Computes:
-        def __init__(self) -> None:
-            self.seen: list[tuple[int, int]] = []  # (index, live workers), main process only
-
-        def __len__(self) -> int:
-            return 64
-
-        def __getitem__(self, i: int) -> np.ndarray:
-            end = time.thread_time() + 0.001
-            while time.thread_time() < end:
-                pass
-            if conveyor.get_worker_info() is None:
-                self.seen.append((i, len(mp.active_children())))
-            return np.full(2, i, dtype=np.int64)
-
     ds = Computes()
     with DataLoader(ds, batch_size=8, num_workers=2, output="numpy") as loader:
         got = _all(loader)
@@ -177,16 +180,6 @@ def test_the_worker_held_back_for_a_probing_batch_gets_work_as_that_batch_is_han
     # the second probing batch stands in for worker 1 (its RNG), so while it is made here
     # only worker 0 is handed a batch. Once it is made, worker 1 must get its batches before
     # next() returns, not at the next call, a training step later.
-    class Computes:
-        def __len__(self) -> int:
-            return 64
-
-        def __getitem__(self, i: int) -> np.ndarray:
-            end = time.thread_time() + 0.001
-            while time.thread_time() < end:
-                pass
-            return np.full(2, i, dtype=np.int64)
-
     with DataLoader(Computes(), batch_size=8, num_workers=2, output="numpy") as loader:
         run = iter(loader)
         next(run)
