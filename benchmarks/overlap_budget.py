@@ -50,6 +50,15 @@ def _cpu_ns(pid: int) -> int:
     return total
 
 
+def _runqueue_ns() -> int:
+    """Nanoseconds this thread has spent runnable but not running (preempted), so far."""
+    try:
+        with open("/proc/thread-self/schedstat") as f:
+            return int(f.read().split()[1])
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
 def _children(pid: int) -> list[int]:
     try:
         with open(f"/proc/{pid}/task/{pid}/children") as f:
@@ -68,6 +77,7 @@ def measure(loader_name: str) -> dict[str, Any]:
                                                  False)
     loaders.preload(loader_name)
     me = os.getpid()
+    rq0 = _runqueue_ns()
     t0 = time.perf_counter()
     handle = loaders.make(loader_name, setup.dataset, setup.batch_size, setup.collate_fn, EPOCHS)
     marks: dict[str, tuple[float, int, int]] = {}
@@ -99,11 +109,46 @@ def measure(loader_name: str) -> dict[str, Any]:
         "steady_batch_s": (tb - ta) / k,
         "main_cpu_s": (mb - ma) / 1e9 / k,
         "workers_cpu_s": (wb - wa) / 1e9 / k,
+        # the training loop's thread waiting for a core it was ready to use: a worker the
+        # scheduler placed on its core (idle balancing while it waited, or a wake-up there)
+        "main_preempted_s": (_runqueue_ns() - rq0) / 1e9,
     }
 
 
+def cold_cost(repeats: int = 200) -> dict[str, float]:
+    """Microseconds a small piece of per-batch work (index 8 samples out of a tensor, stack
+    them) takes back to back, right after 4 ms of other CPU work, and right after 4 ms
+    asleep. Every per-batch cost of every loader in this scenario is paid in the second or
+    third state (after a training step, after a collate, after waiting), so the ratio says
+    how much more the loader's own work costs here than a warm microbenchmark suggests."""
+    import torch
+
+    data = torch.arange(2048 * 16, dtype=torch.float32).reshape(2048, 16)
+
+    def work() -> None:
+        torch.stack([data[i] for i in range(8)])
+
+    def busy() -> None:  # as scenarios.busy: 4 ms of this thread's CPU
+        end = time.thread_time() + 0.004
+        while time.thread_time() < end:
+            pass
+
+    out = {}
+    for state, before in (("warm", None), ("after_cpu", busy),
+                          ("after_sleep", lambda: time.sleep(0.004))):
+        took = []
+        for _ in range(repeats):
+            if before is not None:
+                before()
+            t = time.perf_counter()
+            work()
+            took.append(time.perf_counter() - t)
+        out[state] = 1e6 * statistics.median(took)
+    return out
+
+
 def child_main(loader_name: str) -> None:
-    print(json.dumps(measure(loader_name)))
+    print(json.dumps(cold_cost() if loader_name == "cold" else measure(loader_name)))
 
 
 def run_child(loader_name: str) -> dict[str, Any]:
@@ -112,7 +157,7 @@ def run_child(loader_name: str) -> dict[str, Any]:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def report(results: dict[str, list[dict[str, Any]]], cores: int) -> str:
+def report(results: dict[str, list[dict[str, Any]]], cores: int, cold: dict[str, float] | None = None) -> str:
     med = {name: {key: statistics.median(r[key] for r in runs) for key in runs[0]} for name, runs in results.items()}
     lines = [
         "# overlap: where the time goes",
@@ -124,22 +169,36 @@ def report(results: dict[str, list[dict[str, Any]]], cores: int) -> str:
         "- scenario: 4 ms CPU collate in the workers, 4 ms CPU step in the main process, batch 8, "
         f"{EPOCHS} epochs of {BATCHES} batches; ideal {1e3 * 0.004:.1f} ms a batch with workers",
         "",
+    ]
+    if cold is not None:
+        lines += [
+            f"- per-batch work here (index 8 samples of 16 floats, stack them): {cold['warm']:.1f} us back to back, "
+            f"{cold['after_cpu']:.1f} us right after 4 ms of other CPU work, {cold['after_sleep']:.1f} us right "
+            "after 4 ms asleep (medians of 200; a loader's per-batch costs are paid in the last two states)",
+        ]
+    lines += [
+        "",
         "| loader | total s | efficiency | first batch ms | start loss ms (10 batches) | epoch edge loss ms "
-        "(12 batches) | steady ms/batch | main CPU ms/batch | workers CPU ms/batch | CPU bound ms/batch |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "(12 batches) | steady ms/batch | main CPU ms/batch | workers CPU ms/batch | CPU bound ms/batch "
+        "| main thread preempted ms (run) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for name, m in med.items():
         bound = max(m["main_cpu_s"], (m["main_cpu_s"] + m["workers_cpu_s"]) / cores)
         lines.append(
             f"| {name} | {m['total_s']:.3f} | {m['efficiency']:.3f} | {1e3 * m['first_s']:.1f} | "
             f"{1e3 * m['start_loss_s']:.1f} | {1e3 * m['epoch_edge_loss_s']:.1f} | {1e3 * m['steady_batch_s']:.3f} | "
-            f"{1e3 * m['main_cpu_s']:.3f} | {1e3 * m['workers_cpu_s']:.3f} | {1e3 * bound:.3f} |")
+            f"{1e3 * m['main_cpu_s']:.3f} | {1e3 * m['workers_cpu_s']:.3f} | {1e3 * bound:.3f} | "
+            f"{1e3 * m['main_preempted_s']:.1f} |")
     lines += [
         "",
         "CPU bound = max(main CPU, (main CPU + workers' CPU) / cores): the shortest a steady-state batch",
         "can take when the cores run nothing else. Main CPU above 4 ms is the loader's work in",
         "next() (reading the result, building the batch, handing out the next task); workers' CPU above",
         "4 ms is fetching, collating, writing the batch and sending it, and waking up for it.",
+        "Main thread preempted: time the training loop was ready to run and a worker (or anything",
+        "else) had its core, over the whole run. On a fully subscribed machine it moves CPU time",
+        "between the main process and the workers rather than adding to it.",
     ]
     return "\n".join(lines) + "\n"
 
@@ -159,7 +218,7 @@ def main(argv: list[str] | None = None) -> int:
     for _ in range(a.runs):
         for n in names:
             results[n].append(run_child(n))
-    text = report(results, len(os.sched_getaffinity(0)))
+    text = report(results, len(os.sched_getaffinity(0)), run_child("cold"))
     print(text)
     if a.out:
         Path(a.out).write_text(text)

@@ -62,7 +62,25 @@ def test_overlap_budget_accounts_for_the_cpu_it_asked_for() -> None:
     assert run["main_cpu_s"] >= 0.004 and run["workers_cpu_s"] >= 0.004
     assert run["steady_batch_s"] >= 0.004 and run["total_s"] >= 2 * 256 * 0.004 * 0.999
     assert abs(run["efficiency"] - 2 * 256 * 0.004 / run["total_s"]) < 1e-9
-    text = overlap_budget.report({"conveyor2": [run]}, cores=2)
-    row = next(line for line in text.splitlines() if line.startswith("| conveyor2 |"))
+    assert 0 <= run["main_preempted_s"] <= run["total_s"]
+    cold = {"warm": 8.0, "after_cpu": 16.0, "after_sleep": 60.0}
+    text = overlap_budget.report({"conveyor2": [run]}, cores=2, cold=cold)
+    lines = text.splitlines()
+    head = [c.strip() for c in next(line for line in lines if line.startswith("| loader |")).split("|")[1:-1]]
+    row = [c.strip() for c in next(line for line in lines if line.startswith("| conveyor2 |")).split("|")[1:-1]]
     bound = max(run["main_cpu_s"], (run["main_cpu_s"] + run["workers_cpu_s"]) / 2)
-    assert row.split("|")[1:-1][-1].strip() == f"{1e3 * bound:.3f}"
+    assert row[head.index("CPU bound ms/batch")] == f"{1e3 * bound:.3f}"
+    assert row[head.index("main thread preempted ms (run)")] == f"{1e3 * run['main_preempted_s']:.1f}"
+    assert "8.0 us back to back, 16.0 us right after 4 ms of other CPU work, 60.0 us" in text
+
+
+@pytest.mark.timeout(120)
+def test_overlap_budget_times_the_same_work_warm_and_cold() -> None:
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import overlap_budget
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    cold = overlap_budget.cold_cost(repeats=20)
+    assert set(cold) == {"warm", "after_cpu", "after_sleep"}
+    assert all(v > 0 for v in cold.values())
