@@ -140,9 +140,10 @@ class Stats:
 
         On diabetes_train (a ~260 us step, ~100 us batches) bookkeeping a batch as it went
         took ~3-4 us, and as much again in the training step after it, whose memory it
-        pushed out of the caches: most of a 2-3% gap to torch's loader without workers. One
-        ``extend`` here; the totals and the trace catch up on the next read, or every
-        ``PENDING_MAX`` batches."""
+        pushed out of the caches. One ``extend`` here; the totals and the trace catch up on
+        the next read, or every ``PENDING_MAX`` batches. (What is left of the gap to torch's
+        loader without workers, ~1.5% in fresh processes, is not this: the step after
+        ``next()`` still runs a few microseconds slower, with this switched off too.)"""
         pending = self.pending
         pending.extend((start, end, asked, got, size))
         if len(pending) >= 5 * PENDING_MAX:
