@@ -32,6 +32,7 @@ HERE = Path(__file__).resolve().parent
 BATCHES = 256  # an epoch of the overlap scenario (2048 samples, batch 8)
 EPOCHS = 2
 STEADY = (20, 240)  # batches of the first epoch counted as steady state
+COLD_REPEATS = 200  # timings of the per-batch work in each state (cold_cost)
 
 
 def _cpu_ns(pid: int) -> int:
@@ -68,8 +69,7 @@ def _children(pid: int) -> list[int]:
 
 
 def measure(loader_name: str) -> dict[str, Any]:
-    """One run of the overlap scenario with ``loader_name`` in this process."""
-    sys.path[:0] = [str(HERE), str(HERE.parent / "src")]
+    """One run of the overlap scenario with ``loader_name`` in this process (a child's)."""
     import loaders
     import scenarios
 
@@ -115,12 +115,13 @@ def measure(loader_name: str) -> dict[str, Any]:
     }
 
 
-def cold_cost(repeats: int = 200) -> dict[str, float]:
+def cold_cost() -> dict[str, float]:
     """Microseconds a small piece of per-batch work (index 8 samples out of a tensor, stack
     them) takes back to back, right after 4 ms of other CPU work, and right after 4 ms
     asleep. Every per-batch cost of every loader in this scenario is paid in the second or
     third state (after a training step, after a collate, after waiting), so the ratio says
     how much more the loader's own work costs here than a warm microbenchmark suggests."""
+    import scenarios
     import torch
 
     data = torch.arange(2048 * 16, dtype=torch.float32).reshape(2048, 16)
@@ -128,16 +129,11 @@ def cold_cost(repeats: int = 200) -> dict[str, float]:
     def work() -> None:
         torch.stack([data[i] for i in range(8)])
 
-    def busy() -> None:  # as scenarios.busy: 4 ms of this thread's CPU
-        end = time.thread_time() + 0.004
-        while time.thread_time() < end:
-            pass
-
     out = {}
-    for state, before in (("warm", None), ("after_cpu", busy),
+    for state, before in (("warm", None), ("after_cpu", lambda: scenarios.busy(0.004)),
                           ("after_sleep", lambda: time.sleep(0.004))):
         took = []
-        for _ in range(repeats):
+        for _ in range(COLD_REPEATS):
             if before is not None:
                 before()
             t = time.perf_counter()
@@ -148,6 +144,8 @@ def cold_cost(repeats: int = 200) -> dict[str, float]:
 
 
 def child_main(loader_name: str) -> None:
+    """A fresh child's measurement: the overlap run with ``loader_name``, or ``"cold"``."""
+    sys.path[:0] = [str(HERE), str(HERE.parent / "src")]
     print(json.dumps(cold_cost() if loader_name == "cold" else measure(loader_name)))
 
 
@@ -174,7 +172,8 @@ def report(results: dict[str, list[dict[str, Any]]], cores: int, cold: dict[str,
         lines += [
             f"- per-batch work here (index 8 samples of 16 floats, stack them): {cold['warm']:.1f} us back to back, "
             f"{cold['after_cpu']:.1f} us right after 4 ms of other CPU work, {cold['after_sleep']:.1f} us right "
-            "after 4 ms asleep (medians of 200; a loader's per-batch costs are paid in the last two states)",
+            "after 4 ms asleep "
+            f"(medians of {COLD_REPEATS}; a loader's per-batch costs are paid in the last two states)",
         ]
     lines += [
         "",
