@@ -130,6 +130,39 @@ def test_tree_map_keeps_every_container_kind() -> None:
     assert out["b"] == b"raw"
 
 
+@pytest.mark.parametrize("batch", [
+    torch.arange(6.0).reshape(2, 3),  # the batch is one array
+    [None, torch.ones(2), "s", None, np.arange(3), 7, (None, torch.zeros(0))],
+    {"a": None, "b": Pair(np.float32(1.5), torch.full((2,), 3)), "c": [], "d": OrderedDict(z=torch.ones(1, 1))},
+    None,
+    ("no arrays", 1, None),
+], ids=["one-array", "list", "dict", "none", "no-arrays"])
+def test_the_message_puts_each_array_back_where_it_was(batch: Any) -> None:
+    """The message carries the tree with None where each array was: user Nones, scalars and
+    strings around them stay as they were, through a pickle as the pipe carries it."""
+    from conveyor.transport import Packed, Views, decode, encode
+
+    tree, holes, leaves, blob = encode(batch, None)
+    sent = pickle.loads(pickle.dumps((tree, holes, leaves, (), 0, 0, blob)))
+    assert all(type(rec) is tuple for rec in sent[2])  # plain tuples only: no class of ours
+    out = decode(Packed._make(sent), Views(), output="torch")
+
+    def flat(t: Any) -> list[Any]:
+        got: list[Any] = []
+        tree_map(got.append, t)
+        return got
+
+    want, have = flat(batch), flat(out)
+    assert len(want) == len(have)
+    for w, h in zip(want, have):
+        if isinstance(w, (torch.Tensor, np.ndarray)):
+            assert type(h) is type(w) and h.dtype == w.dtype and h.shape == w.shape
+            np.testing.assert_array_equal(np.asarray(h), np.asarray(w))
+        else:
+            assert type(h) is type(w) and h == w
+    assert type(out) is type(batch)
+
+
 class Odd(torch.utils.data.Dataset):  # type: ignore[type-arg]
     """Small leaves of every shape the blob carries: scalars, empty, bool, half, numpy."""
 

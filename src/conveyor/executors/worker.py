@@ -258,6 +258,8 @@ class Fetcher:
             samples = [ds[i] for i in indices]
         else:
             samples = [self._one(i, task.epoch) for i in indices]
+        if self.spec.on_error != "skip":
+            return samples, []  # only ``_guarded`` (on_error="skip") stands in for a sample
         skipped = [s.failure for s in samples if type(s) is _Skipped]
         if skipped:
             samples = [s for s in samples if type(s) is not _Skipped]
@@ -427,8 +429,8 @@ class Fetcher:
                 now = self.cpu_clock()
                 self.span_mark = (now, end, self.runs)
                 cpu, span = now - mark[0], (self.runs - mark[2], end - mark[1])
-            return Result(task.seq, self._wid(), batch=data, skipped=tuple(skipped), start=start,
-                          fetched=fetched, end=end, cpu=cpu, cpu_span=span)
+            return Result(task.seq, self._wid(), batch=data, skipped=tuple(skipped) if skipped else (),
+                          start=start, fetched=fetched, end=end, cpu=cpu, cpu_span=span)
         except Exception as exc:
             indices = task.indices
             return Result(task.seq, self._wid(), failure=capture(exc, self.worker_id, indices, keep=self.keep),
@@ -491,7 +493,7 @@ def serve(spec: WorkerSpec, worker_id: int, gen: int, tasks: Any, results: Any,
         _route_torch_collate(torch)
     stack_at = stack_path(prefix, worker_id, gen)
     stack_file = _install_stack_dump(stack_at)
-    from ..transport import Packed, SlotPool, Writer, encode
+    from ..transport import SlotPool, Writer, encode
     from ..transport import segment as _segment
 
     pool = SlotPool(f"{prefix}w{worker_id}g{gen}_") if _segment.available() else None
@@ -529,6 +531,7 @@ def serve(spec: WorkerSpec, worker_id: int, gen: int, tasks: Any, results: Any,
             return
         results.send(Hello(worker_id, os.getpid()))
         queue: list[Task] = []
+        slots_writer = Writer(pool) if pool is not None else None
         readable = Readable(tasks)
         inbox = Inbox(tasks)
         warned = False
@@ -541,8 +544,18 @@ def serve(spec: WorkerSpec, worker_id: int, gen: int, tasks: Any, results: Any,
                 return False
             return all(accept(order) for order in orders)
 
-        def accept(order: Order) -> bool:
+        def accept(order: Order | tuple[Any, ...]) -> bool:
             """Apply an order; False when it says stop."""
+            if type(order) is tuple:
+                # the order of each batch, sent as plain tuples (processes.submit): (tasks, freed)
+                tasks, freed = order
+                if pool is not None and freed:
+                    pool.release(list(freed))
+                for t in tasks:
+                    task = Task._make(t)
+                    queue.append(task)
+                    fetcher.schedule(task)
+                return True
             if order.stop:
                 return False
             if pool is not None and order.freed:
@@ -562,12 +575,16 @@ def serve(spec: WorkerSpec, worker_id: int, gen: int, tasks: Any, results: Any,
                     return
                 continue
             task = queue.pop(0)
-            writer = Writer(pool) if pool is not None and pool.failed is None else None
+            if pool is not None and pool.failed is None:
+                writer = slots_writer
+                writer.reset()
+            else:
+                writer = None
             fetcher.alloc = writer  # collate into the slot (None: no shared memory)
             result = fetcher.run(task)
             if result.batch is not None:
                 try:
-                    tree, blob = encode(result.batch, writer)
+                    tree, holes, leaves, blob = encode(result.batch, writer)
                 except Exception as exc:
                     if writer is not None:
                         writer.abandon()
@@ -575,7 +592,8 @@ def serve(spec: WorkerSpec, worker_id: int, gen: int, tasks: Any, results: Any,
                 else:
                     used = writer.finish() if writer is not None else []
                     names = tuple((i, pool.slots[i].name) for i in used) if pool is not None else ()
-                    result.batch = Packed(tree, names, gen, worker_id, blob)
+                    # a Packed's fields as a plain tuple (see codec): the main process makes it a Packed
+                    result.batch = (tree, holes, leaves, names, gen, worker_id, blob)
                     result.nbytes = (writer.total if writer is not None else 0) + (len(blob) if blob else 0)
             elif writer is not None:
                 writer.abandon()
@@ -587,7 +605,7 @@ def serve(spec: WorkerSpec, worker_id: int, gen: int, tasks: Any, results: Any,
             done += 1
             if done % 16 == 1:
                 result.rss = _rss()
-            send(results, result)
+            send(results, result.fields())  # plain tuples only: cheap to pickle (see Result.fields)
             # take any orders that arrived meanwhile, without blocking
             if readable() and not take():
                 return

@@ -129,6 +129,17 @@ class Writer:
         self.placed: dict[int, tuple[int, int, int]] = {}  # data ptr -> (slot id, offset, nbytes)
         self.total = 0
 
+    def reset(self) -> None:
+        """Start the next batch (one Writer serves a worker's batches one after another:
+        making one costs a worker ~8 us a batch with a cold cache)."""
+        if self.used:
+            self.slot = None
+            self.offset = 0
+            self.used = []
+            self.total = 0
+        if self.placed:
+            self.placed.clear()
+
     def alloc(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray | None:
         nbytes = math.prod(shape) * dtype.itemsize  # np.prod on a tuple: ~5 us a leaf
         if nbytes < self.inline_bytes:
