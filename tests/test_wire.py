@@ -245,3 +245,44 @@ def test_the_workers_writer_tells_collate_which_leaves_it_never_takes() -> None:
         writer.abandon()
     finally:
         pool.close()
+
+
+def test_a_doorbell_wakes_once_per_ring_burst_and_closes_quietly() -> None:
+    from conveyor.executors.task import Doorbell
+
+    bell = Doorbell.make()
+    if bell is None:
+        pytest.skip("no eventfd here (not Linux)")
+    assert not bell.wait(0)
+    bell.ring()
+    bell.ring()
+    assert bell.wait(0)  # rings before the wait add up to one wake-up
+    assert not bell.wait(0)  # ... which leaves it silent
+    woke: list[bool] = []
+    waiter = threading.Thread(target=lambda: woke.append(bell.wait(10.0)))
+    waiter.start()
+    bell.ring()
+    waiter.join(10.0)
+    assert woke == [True]
+    bell.close()
+    bell.close()
+    bell.ring()  # after close: nothing, not a write to whatever file reuses the number
+    assert bell.fd == -1
+
+
+@pytest.mark.timeout(60)
+def test_fork_workers_sleep_on_a_bell_and_still_get_every_order() -> None:
+    """Persistent workers idle between epochs (nothing in the pipe): each new order must
+    reach them through the bell; close() too."""
+    from conveyor.executors.task import Doorbell
+
+    if Doorbell.make() is None or mp.get_start_method(allow_none=True) not in (None, "fork"):
+        pytest.skip("fork workers with an eventfd only")
+    with conveyor.DataLoader(list(range(40)), batch_size=4, num_workers=2, persistent_workers=True,
+                             adaptive=False) as loader:
+        for _ in range(3):
+            assert [b.tolist() for b in loader] == [list(range(i, i + 4)) for i in range(0, 40, 4)]
+        workers = loader._persistent.executor.workers
+        assert all(wk is not None and wk.bell is not None and wk.bell.fd >= 0 for wk in workers)
+        bells = [wk.bell for wk in workers]
+    assert all(b.fd == -1 for b in bells)

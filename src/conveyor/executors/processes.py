@@ -25,7 +25,7 @@ from typing import Any
 from .. import transport
 from ..errors import rebuild
 from .base import Event, Ledger
-from .task import Death, Hello, Inbox, Order, Result, Task, send
+from .task import Death, Doorbell, Hello, Inbox, Order, Result, Task, send
 from .worker import WorkerSpec, serve, stack_path
 
 __all__ = ["ProcessExecutor", "StartupError"]
@@ -44,11 +44,13 @@ _GUARD_HINT = (
 
 
 class _Worker:
-    __slots__ = ("proc", "tasks", "results", "gen", "pid", "ready", "inbox")
+    __slots__ = ("proc", "tasks", "results", "gen", "pid", "ready", "inbox", "bell")
 
-    def __init__(self, proc: Any, tasks: Connection, results: Connection, gen: int) -> None:
+    def __init__(self, proc: Any, tasks: Connection, results: Connection, gen: int,
+                 bell: Doorbell | None = None) -> None:
         self.proc = proc
         self.tasks = tasks
+        self.bell = bell  # rung after every order (fork workers on Linux; else the pipe wakes)
         self.results = results
         self.gen = gen
         self.pid: int | None = proc.pid
@@ -119,9 +121,11 @@ class ProcessExecutor:
         task_r, task_w = self.ctx.Pipe(duplex=False)
         res_r, res_w = self.ctx.Pipe(duplex=False)
         private = self._private_files() if self._private_files is not None and self.method == "fork" else ()
+        # a forked child inherits the bell's descriptor; a spawned one would need it sent
+        bell = Doorbell.make() if self.method == "fork" else None
         proc = self.ctx.Process(
             target=serve,
-            args=(self.spec, w, gen, task_r, res_w, self.parent_pid, self.prefix, private),
+            args=(self.spec, w, gen, task_r, res_w, self.parent_pid, self.prefix, private, bell),
             name=f"conveyor-worker-{w}",
             daemon=True,
         )
@@ -133,7 +137,7 @@ class ProcessExecutor:
             proc.start()
             task_r.close()
             res_w.close()
-            wk = _Worker(proc, task_w, res_r, gen)
+            wk = _Worker(proc, task_w, res_r, gen, bell)
             self.workers[w] = wk  # recorded at once: close() now knows it, whatever comes next
             return wk
         except BaseException as exc:
@@ -153,6 +157,8 @@ class ProcessExecutor:
             transport.sweep(f"{self.prefix}w{w}g{gen}_")
             for conn in (task_r, task_w, res_r, res_w):
                 conn.close()
+            if bell is not None:
+                bell.close()
             if isinstance(exc, Exception) and not started and self.method != "fork":
                 exc.add_note(f"Starting worker {w} with the '{self.method}' start method pickles the "
                              "dataset, collate_fn and worker_init_fn: each must be picklable "
@@ -169,6 +175,8 @@ class ProcessExecutor:
             # plain tuples, not an Order of Tasks: the worker unpickles one for every batch, a
             # class lookup and a constructor call each cost it a few microseconds cold
             send(wk.tasks, ([tuple(t) for t in tasks], freed))
+            if wk.bell is not None:
+                wk.bell.ring()
         except (BrokenPipeError, OSError):
             pass  # the worker died; poll() reports it and recovery re-issues the tasks
 
@@ -191,7 +199,7 @@ class ProcessExecutor:
             if len(ids) >= 2:
                 del self.pending_freed[(w, gen)]
                 try:
-                    wk.tasks.send(Order((), tuple(ids)))
+                    _tell(wk, Order((), tuple(ids)))
                 except (BrokenPipeError, OSError):
                     pass
 
@@ -319,7 +327,7 @@ class ProcessExecutor:
         wk = self.workers[worker]
         if wk is not None:
             try:
-                wk.tasks.send(Order(rng=state))
+                _tell(wk, Order(rng=state))
             except (BrokenPipeError, OSError):
                 pass
 
@@ -328,7 +336,7 @@ class ProcessExecutor:
         for wk in self.workers:
             if wk is not None:
                 try:
-                    wk.tasks.send(Order(threads=n))
+                    _tell(wk, Order(threads=n))
                 except (BrokenPipeError, OSError):
                     pass
 
@@ -446,7 +454,7 @@ class ProcessExecutor:
     # -- shutdown ---------------------------------------------------------
     def _reap(self, wk: _Worker, timeout: float = 5.0) -> None:
         try:
-            wk.tasks.send(Order(stop=True))
+            _tell(wk, Order(stop=True))
         except (BrokenPipeError, OSError):
             pass
         wk.proc.join(timeout)
@@ -461,6 +469,8 @@ class ProcessExecutor:
                 conn.close()
             except OSError:
                 pass
+        if wk.bell is not None:
+            wk.bell.close()
         try:
             wk.proc.close()
         except ValueError:
@@ -483,7 +493,7 @@ class ProcessExecutor:
                 wk.proc.kill()  # stuck in a sample: it would not read the stop order in time
         for _, wk in live:
             try:
-                wk.tasks.send(Order(stop=True))
+                _tell(wk, Order(stop=True))
             except (BrokenPipeError, OSError):
                 pass
         deadline = time.monotonic() + 5.0
@@ -500,6 +510,13 @@ class ProcessExecutor:
             self.froze = False
             _unfreeze()
         self._shut = True
+
+
+def _tell(wk: _Worker, order: Order) -> None:
+    """Send a worker an order outside the per-batch path, and ring its bell."""
+    wk.tasks.send(order)
+    if wk.bell is not None:
+        wk.bell.ring()
 
 
 def _result(fields: tuple[Any, ...]) -> Result:

@@ -29,7 +29,7 @@ from .. import _torch, rng
 from ..collate import use_allocator
 from ..errors import Failure, capture
 from .fetchpool import Batch, FetchPool
-from .task import Hello, Inbox, Order, Readable, Result, Task, send
+from .task import Doorbell, Hello, Inbox, Order, Readable, Result, Task, send
 
 __all__ = ["WorkerInfo", "WorkerSpec", "Fetcher", "get_worker_info", "serve"]
 
@@ -472,8 +472,9 @@ def start_worker(spec: WorkerSpec, worker_id: int, *, kind: str) -> Fetcher:
 # -- the process worker's loop ----------------------------------------------
 
 def serve(spec: WorkerSpec, worker_id: int, gen: int, tasks: Any, results: Any,
-          parent_pid: int, prefix: str, private_files: tuple[int, ...] = ()) -> None:
-    """Entry point of a process worker: read ``Order``s, answer ``Result``s."""
+          parent_pid: int, prefix: str, private_files: tuple[int, ...] = (), bell: Doorbell | None = None) -> None:
+    """Entry point of a process worker: read ``Order``s, answer ``Result``s. With a ``bell``
+    (see ``Doorbell``) it sleeps on that, never on the order pipe."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the main process's to handle
     if private_files:
         from .inherit import reopen_private
@@ -571,6 +572,10 @@ def serve(spec: WorkerSpec, worker_id: int, gen: int, tasks: Any, results: Any,
 
         while True:
             if not queue:
+                if bell is not None and not readable():
+                    if not _wait(bell.wait, parent):
+                        return
+                    continue  # rung: the orders are in the pipe (or were taken with earlier ones)
                 if not _wait(readable, parent) or not take():
                     return
                 continue
@@ -722,8 +727,9 @@ class ParentWatch:
             time.sleep(0.5)
 
 
-def _wait(readable: Readable, parent: ParentWatch) -> bool:
-    """Block until the order pipe is readable; False when the main process is gone."""
+def _wait(readable: Callable[[float], bool], parent: ParentWatch) -> bool:
+    """Block until ``readable`` (the order pipe, or the bell) says so; False when the main
+    process is gone."""
     while not readable(0.5):
         if not parent.alive():
             return False
