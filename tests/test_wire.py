@@ -286,3 +286,18 @@ def test_fork_workers_sleep_on_a_bell_and_still_get_every_order() -> None:
         assert all(wk is not None and wk.bell is not None and wk.bell.fd >= 0 for wk in workers)
         bells = [wk.bell for wk in workers]
     assert all(b.fd == -1 for b in bells)
+
+
+@pytest.mark.timeout(60)
+def test_orders_larger_than_the_pipe_reach_a_worker_asleep_on_its_bell() -> None:
+    """A task of 40,000 indices pickles to ~200 KB, three times a pipe's capacity. Between
+    epochs the persistent workers sleep; the next epoch's first order must still get through
+    (a bell rung only once the whole message is written would never ring: the write would
+    block on a full pipe that nobody reads)."""
+    data = list(range(120_000))
+    with conveyor.DataLoader(data, batch_size=40_000, num_workers=2, persistent_workers=True,
+                             adaptive=False) as loader:
+        for _ in range(2):
+            batches = list(loader)
+            assert [b.shape[0] for b in batches] == [40_000] * 3
+            assert torch.equal(torch.cat(batches), torch.arange(120_000))

@@ -174,9 +174,7 @@ class ProcessExecutor:
         try:
             # plain tuples, not an Order of Tasks: the worker unpickles one for every batch, a
             # class lookup and a constructor call each cost it a few microseconds cold
-            send(wk.tasks, ([tuple(t) for t in tasks], freed))
-            if wk.bell is not None:
-                wk.bell.ring()
+            send(wk.tasks, ([tuple(t) for t in tasks], freed), wk.bell)
         except (BrokenPipeError, OSError):
             pass  # the worker died; poll() reports it and recovery re-issues the tasks
 
@@ -513,10 +511,8 @@ class ProcessExecutor:
 
 
 def _tell(wk: _Worker, order: Order) -> None:
-    """Send a worker an order outside the per-batch path, and ring its bell."""
-    wk.tasks.send(order)
-    if wk.bell is not None:
-        wk.bell.ring()
+    """Send a worker an order outside the per-batch path (ringing its bell)."""
+    send(wk.tasks, order, wk.bell)
 
 
 def _result(fields: tuple[Any, ...]) -> Result:

@@ -116,7 +116,12 @@ class Death:
 
 # -- on the wire ----------------------------------------------------------------
 
-def send(conn: Any, msg: Any) -> None:
+# A message is written to a worker's pipe in pieces of at most this, its bell rung after
+# each: half a pipe's default capacity, so a piece always fits a pipe the worker has emptied.
+PIECE = 1 << 15
+
+
+def send(conn: Any, msg: Any, bell: Doorbell | None = None) -> None:
     """Send ``msg`` on a multiprocessing Connection as a plain pickle (``recv()`` reads it).
 
     ``Connection.send`` pickles with ForkingPickler, which costs ~60% more per small
@@ -124,14 +129,24 @@ def send(conn: Any, msg: Any) -> None:
     carry arrays in shared memory or in their blob, never that way. The frame (a 4-byte
     big-endian length, then the pickle) is Connection's, written with one ``os.write``
     instead of Connection's layers of Python: the main process sends one order per batch.
+
+    With the reader's ``bell``, the bell is rung after each piece of at most ``PIECE``
+    bytes. A worker sleeps on its bell only once it has emptied the pipe and holds no part
+    of a message (it waits on the pipe while it does): a write larger than the pipe would
+    otherwise block for ever on a worker asleep on a bell that rings only after it.
     """
     data = pickle.dumps(msg, protocol=pickle.HIGHEST_PROTOCOL)
     n = len(data)
     head = n.to_bytes(4, "big") if n < 0x7FFFFFFF else b"\xff\xff\xff\xff" + n.to_bytes(8, "big")
     fd = conn.fileno()
     view = memoryview(head + data)
+    if bell is None:
+        while view:
+            view = view[os.write(fd, view):]
+        return
     while view:
-        view = view[os.write(fd, view):]
+        view = view[os.write(fd, view[:PIECE]):]
+        bell.ring()
 
 
 class Inbox:
@@ -153,9 +168,12 @@ class Inbox:
 
     def take(self) -> list[Any]:
         """Every complete message, after one read. Call it only when the pipe is readable or
-        hung up (``poll`` said so), so that the read does not block; at the end of the pipe
-        ``eof`` is set (a message cut short there is dropped)."""
-        chunk = os.read(self.fd, 1 << 16)
+        hung up (``poll`` said so), or is non-blocking, so that the read does not block; at
+        the end of the pipe ``eof`` is set (a message cut short there is dropped)."""
+        try:
+            chunk = os.read(self.fd, 1 << 16)
+        except BlockingIOError:  # a non-blocking pipe with nothing in it
+            return []
         if not chunk:
             self.eof = True
             return []

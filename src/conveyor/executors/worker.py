@@ -570,10 +570,18 @@ def serve(spec: WorkerSpec, worker_id: int, gen: int, tasks: Any, results: Any,
                 fetcher.schedule(t)
             return True
 
+        if bell is not None:
+            # sleeping is the bell's business: the pipe is read without waiting (one read
+            # where a poll and a read were)
+            os.set_blocking(tasks.fileno(), False)
         while True:
             if not queue:
-                if bell is not None and not readable():
-                    if not _wait(bell.wait, parent):
+                if bell is not None:
+                    if not take():
+                        return
+                    # part of a message read: the rest comes through the pipe, and the bell
+                    # rings only once a piece is whole (task.send), so wait on the pipe then
+                    if not queue and not _wait(readable if inbox.buf else bell.wait, parent):
                         return
                     continue  # rung: the orders are in the pipe (or were taken with earlier ones)
                 if not _wait(readable, parent) or not take():
@@ -612,7 +620,7 @@ def serve(spec: WorkerSpec, worker_id: int, gen: int, tasks: Any, results: Any,
                 result.rss = _rss()
             send(results, result.fields())  # plain tuples only: cheap to pickle (see Result.fields)
             # take any orders that arrived meanwhile, without blocking
-            if readable() and not take():
+            if (bell is not None or readable()) and not take():
                 return
     except (BrokenPipeError, EOFError, ConnectionResetError):
         return
