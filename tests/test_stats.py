@@ -307,9 +307,20 @@ def test_lean_batches_folded_in_later_count_as_if_fed_at_once(monkeypatch: pytes
             t += 1.0
         now.epoch_end()
         later.epoch_end()
-    assert len(later.pending) == 0
     _same_but_elapsed(now, later)
-    assert now.batches == 40 and now.steps == 38  # no step across the epoch boundary
+    assert len(later.pending) == 0  # the read folded the epochs' ends in, where they came
+    assert now.batches == later.batches == 40 and now.steps == later.steps == 38  # no step across an epoch's end
+    assert now.epochs == later.epochs == 2
+
+
+def test_an_epochs_end_after_lean_batches_waits_for_the_next_read() -> None:
+    st = Stats(started=0.0)
+    st.made_here(0.1, 0.2, 0.0, 0.25, 8)
+    st.epoch_end()
+    assert len(st.pending) == 10 and st.epochs == 0  # nothing folded at the epoch's end
+    st.made_here(1.1, 1.2, 1.0, 1.25, 8)
+    snap = st.snapshot()
+    assert snap["epochs"] == 1 and snap["batches"] == 2 and snap["steps"] == 0
 
 
 def test_lean_batches_left_pending_show_in_the_trace() -> None:
