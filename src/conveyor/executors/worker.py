@@ -178,6 +178,10 @@ class Fetcher:
         # as torch: a dataset may set __getitems__ = None to say it has none
         self.has_getitems = bool(getattr(spec.dataset, "__getitems__", None)) and not spec.iterable
         self.gather = getattr(spec.dataset, "gather", None) if spec.gather else None
+        # batches of ``dataset[i]`` for each index and nothing else (no seeding, skipping or
+        # gather): ``run`` fetches them inline when no fetch threads or watch are on
+        self.plain = (spec.auto_collation and not spec.iterable and self.gather is None and not self.has_getitems
+                      and spec.seed is None and spec.on_error != "skip")
         # threads of one process share the global RNGs: seeding must hold a lock
         self.lock = rng_lock if (shared_rng or spec.fetch_threads > 1) and spec.seed is not None else None
         self.cpu_clock = cpu_clock or time.thread_time
@@ -412,6 +416,9 @@ class Fetcher:
                     return Result(task.seq, self._wid(), exhausted=2 if self.died else 1, skipped=tuple(skipped),
                                   start=start, end=time.perf_counter())
                 done = False
+            elif self.plain and self.pool is None and self.watch is None:
+                ds = self.dataset
+                data, skipped, done = [ds[i] for i in task.indices], (), False  # type: ignore[union-attr]
             else:
                 data, skipped, done = self._fetch_map(task)
             fetched = time.perf_counter()
@@ -603,15 +610,16 @@ def serve(spec: WorkerSpec, worker_id: int, gen: int, tasks: Any, results: Any,
                         writer.abandon()
                     result = Result(task.seq, worker_id, failure=capture(exc, worker_id, task.indices, "sending"))
                 else:
-                    used = writer.finish() if writer is not None else []
-                    names = tuple((i, pool.slots[i].name) for i in used) if pool is not None else ()
+                    used = writer.finish() if writer is not None else None
+                    names = tuple((i, pool.slots[i].name) for i in used) if used and pool is not None else ()
                     # a Packed's fields as a plain tuple (see codec): the main process makes it a Packed
                     result.batch = (tree, holes, leaves, names, gen, worker_id, blob)
                     result.nbytes = (writer.total if writer is not None else 0) + (len(blob) if blob else 0)
             elif writer is not None:
                 writer.abandon()
             if pool is not None:
-                result.retired = tuple(pool.take_retired())
+                if pool.retired:
+                    result.retired = tuple(pool.take_retired())
                 if pool.failed is not None and not warned:
                     warned = True
                     result.warning = pool.failed

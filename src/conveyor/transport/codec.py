@@ -115,6 +115,8 @@ def encode(batch: Any, writer: Writer | None) -> tuple[Any, tuple[int, ...], tup
     tree = tree_map(leaf, batch)
     if not small:
         return tree, tuple(holes), tuple(records), None
+    if len(small) == 1:
+        return tree, tuple(holes), tuple(records), bytearray(small[0])  # one copy, in C order
     # each leaf's bytes in C order, padded to 16: one call a leaf (numpy slicing into a
     # preallocated blob took five, each costly with the cold cache a worker has here)
     parts = []
