@@ -330,3 +330,20 @@ def test_lean_batches_left_pending_show_in_the_trace() -> None:
     assert list(st.trace) == [("fetch", -1, 0.1, 0.2), ("wait", -2, 0.0, 0.25), ("fetch", -1, 1.1, 1.2),
                               ("step", -2, 0.25, 1.0), ("wait", -2, 1.0, 1.25)]
     assert st.batches == 2 and st.samples == 16
+
+
+@pytest.mark.timeout(60)
+def test_process_workers_report_their_resident_memory() -> None:
+    import os
+    import sys
+
+    import conveyor
+
+    if not os.path.exists("/proc/self/statm") or not sys.platform.startswith("linux"):
+        pytest.skip("resident memory is read from /proc")
+    with conveyor.DataLoader(list(range(64)), batch_size=4, num_workers=2, adaptive=False) as loader:
+        assert len(list(loader)) == 16
+        workers = loader.stats()["workers"]
+    for w in (0, 1):
+        rss = workers[w]["rss"]
+        assert rss is not None and 1 << 20 < rss < 1 << 40  # a Python process: at least a MiB
