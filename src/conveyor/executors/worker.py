@@ -694,8 +694,8 @@ def _route_torch_collate(torch: Any) -> None:
 
 class _Rss:
     """``rss()``: this process's resident set size in bytes (Linux), or None. The file stays
-    open and is read again from its start: one system call where opening, reading and
-    closing it took three and a file object."""
+    open (until the process ends) and is read again from its start: one system call where
+    opening, reading and closing it took three and a file object."""
 
     def __init__(self) -> None:
         try:
@@ -711,11 +711,6 @@ class _Rss:
             return int(os.pread(self.fd, 128, 0).split()[1]) * self.page
         except (OSError, ValueError, IndexError):
             return None
-
-    def close(self) -> None:
-        if self.fd is not None:
-            os.close(self.fd)
-            self.fd = None
 
 
 class ParentWatch:

@@ -90,25 +90,11 @@ def encode(batch: Any, writer: Writer | None) -> tuple[Any, tuple[int, ...], tup
         arr, is_tensor = got
         nbytes = arr.nbytes
         holes.append(pos)
-        if writer is None or nbytes < INLINE_BYTES:
+        where = _in_slot(arr, nbytes, writer) if writer is not None and nbytes >= INLINE_BYTES else None
+        if where is None:  # small, or no shared memory to be had: the blob carries it
             small.append(arr)
-            records.append((is_tensor, _dtype_str(arr.dtype), arr.shape, -1, size))
+            where = (-1, size)
             size = (size + nbytes + 15) & ~15
-            return None
-        if arr.flags.c_contiguous:
-            where = writer.locate(arr.__array_interface__["data"][0], nbytes)
-            if where is not None:
-                records.append((is_tensor, _dtype_str(arr.dtype), arr.shape, where[0], where[1]))
-                return None
-        out = writer.alloc(arr.shape, arr.dtype)  # large enough: never refused for size
-        if out is None:  # no shared memory to be had: the blob carries it
-            small.append(arr)
-            records.append((is_tensor, _dtype_str(arr.dtype), arr.shape, -1, size))
-            size = (size + nbytes + 15) & ~15
-            return None
-        np.copyto(out, arr, casting="no")
-        where = writer.locate(out.__array_interface__["data"][0], nbytes)
-        assert where is not None
         records.append((is_tensor, _dtype_str(arr.dtype), arr.shape, where[0], where[1]))
         return None
 
@@ -127,6 +113,22 @@ def encode(batch: Any, writer: Writer | None) -> tuple[Any, tuple[int, ...], tup
         if pad:
             parts.append(_ZEROS[:pad])
     return tree, tuple(holes), tuple(records), bytearray().join(parts)
+
+
+def _in_slot(arr: np.ndarray, nbytes: int, writer: Writer) -> tuple[int, int] | None:
+    """(slot id, offset) of a large leaf: where collate wrote it, else a copy put there;
+    None when no shared memory is to be had."""
+    if arr.flags.c_contiguous:
+        where = writer.locate(arr.__array_interface__["data"][0], nbytes)
+        if where is not None:
+            return where
+    out = writer.alloc(arr.shape, arr.dtype)  # large enough: never refused for size
+    if out is None:
+        return None
+    np.copyto(out, arr, casting="no")
+    where = writer.locate(out.__array_interface__["data"][0], nbytes)
+    assert where is not None
+    return where
 
 
 _ZEROS = bytes(16)
