@@ -454,3 +454,51 @@ def test_tuning_reports_the_settings_the_user_fixed_as_they_are() -> None:
     assert chosen is not None
     assert chosen["num_workers"] == 2 and chosen["prefetch_factor"] == 3
     assert chosen["fetch_threads"] >= 1 and stats["prefetch_factor"] == 3
+
+
+class Burns:
+    """Each sample burns 0.2 ms of CPU: 1.6 ms a batch of 8, between INLINE_MAX_S and SLOW_S."""
+
+    def __len__(self) -> int:
+        return 8 * 24
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        end = time.thread_time() + 0.0002
+        while time.thread_time() < end:
+            pass
+        return np.full(2, i, dtype=np.int64)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("trip", [1e-6, 0.01])
+def test_a_batch_is_worth_a_worker_only_above_the_trips_it_costs(monkeypatch: pytest.MonkeyPatch,
+                                                                  trip: float) -> None:
+    # a batch above INLINE_MAX_S still stays in the main process while it costs under TRIPS
+    # trips from a worker, as timed on this machine: on a machine slow enough that a trip
+    # costs 10 ms, a batch of 1.6 ms is kept here; where a trip is nearly free, workers make it
+    monkeypatch.setattr(conveyor.loader, "INLINE_MAX_S", 0.0005)
+    monkeypatch.setattr(conveyor.loader, "SLOW_S", 0.5)  # only the trips decide, however busy the machine
+    timed: list[object] = []
+
+    def trip_s(batch: object, output: str) -> float:
+        timed.append(batch)
+        return trip
+
+    monkeypatch.setattr(conveyor.loader, "_trip_s", trip_s)
+    with DataLoader(Burns(), batch_size=8, num_workers=2, output="numpy") as loader:
+        got = _all(loader)
+        stats = loader.stats()
+    assert np.array_equal(got, np.arange(8 * 24))
+    assert len(timed) == 1  # timed once, on a probing batch
+    assert stats["workers_started"] == (trip < 0.001)
+    assert (stats["main_process_batches"] == 24) == (trip > 0.001)
+
+
+def test_a_trip_is_timed_for_every_kind_of_leaf() -> None:
+    # the stand-in batch keeps the tree, each array's dtype and rank, and every other leaf
+    torch = pytest.importorskip("torch")
+    batch = {"x": torch.ones(32, 8), "y": np.zeros((32, 1, 2), np.float16), "flag": np.bool_(True),
+             "label": torch.tensor(3), "names": ["a", "b"], "n": 7, "boxes": [torch.zeros(2, 4)]}
+    for output in ("torch", "numpy"):
+        took = conveyor.loader._trip_s(batch, output)
+        assert 0 < took < float("inf")

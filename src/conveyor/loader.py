@@ -20,6 +20,7 @@ import itertools
 import math
 import operator
 import os
+import pickle
 import sys
 import time
 import warnings
@@ -57,6 +58,11 @@ _TICK = 1.0  # seconds between liveness checks while waiting
 # time a batch, plus ~9 ms to fork each torch-sized worker): adaptive loaders keep it.
 # On 2 cores, diabetes batches of 180-330 us ran 2x slower with workers than without.
 INLINE_MAX_S = 500e-6
+# ... or less than this many trips from a worker, where a trip costs more (a slower machine:
+# see _trip_s). On an Intel Xeon VM where a diabetes batch's trip cost 73 us, 240 batches
+# broke even at 800-850 us a batch (as the probe times it); 414 us batches ran 0.80x as
+# fast with two workers, 860 us ones 1.12x.
+TRIPS = 11
 # A batch this slow is clearly worth a worker (two in a row: start them); a probing batch
 # still running after this long starts them there and then (five times that: at once).
 SLOW_S = 2e-3
@@ -753,6 +759,32 @@ def _nbytes(batch: Any) -> int:
     return total
 
 
+def _trip_s(batch: Any, output: str) -> float:
+    """Seconds of this machine's CPU a trip from a process worker costs a batch shaped like
+    ``batch`` (its envelope: encode, pickle, unpickle, decode), without moving its data (each
+    array leaf stands in as one element of its dtype): the best of three."""
+    from .transport import Packed, Views, decode, encode
+
+    def small(obj: Any) -> Any:
+        if isinstance(obj, np.ndarray):
+            return np.zeros((1,) * obj.ndim, obj.dtype)
+        if _torch.is_tensor(obj) and obj.device.type == "cpu":
+            return obj.new_zeros((1,) * obj.ndim)
+        return obj
+
+    proxy = tree_map(small, batch)
+    views = Views(None)
+    best = math.inf
+    for _ in range(3):
+        t0 = time.perf_counter()
+        tree, holes, leaves, blob = encode(proxy, None)
+        fields = Result(0, 0, batch=(tree, holes, leaves, (), 0, 0, blob), start=t0, fetched=t0, end=t0).fields()
+        back = Result(*pickle.loads(pickle.dumps(fields, protocol=pickle.HIGHEST_PROTOCOL)))
+        decode(Packed._make(back.batch), views, output=output)
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
 class _Slices:
     """Batches of indices as slices of the sampler's whole order (one array per epoch).
 
@@ -913,6 +945,7 @@ class _Pool:
         # batch must match: it is made as num_workers=0 makes a batch, with the RNGs as they are
         self.probe_as_worker = not auto_workers
         self.inline_costs: list[float] = []
+        self.inline_max: float | None = None  # INLINE_MAX_S or TRIPS trips, once timed
         self.probe_cpu = 0.0  # CPU seconds of the last probing batch
         self.inline_rates: list[float] = []  # bytes per second of the main-process batches
         self.copying = False  # main-process batches are made at memory-copy speed
@@ -1036,15 +1069,25 @@ class _Pool:
             self._locals.append(fetcher)
         return self._locals[0]
 
-    def note(self, cost: float) -> None:
-        """The cost of a batch made in the main process by the quick path."""
+    def note(self, cost: float, batch: Any) -> None:
+        """The cost of ``batch``, made in the main process by the quick path."""
         self.inline_batches += 1
         costs = self.inline_costs
         costs.append(cost)
         if len(costs) >= 16:
-            if self.adaptive and self.tuner is None and not self.copying and sorted(costs)[4] > INLINE_MAX_S:
+            if self.adaptive and self.tuner is None and not self.copying and self.worth_workers(sorted(costs)[4], batch):
                 self.mode = "workers"  # batches got costly: time for the workers after all
             costs.clear()
+
+    def worth_workers(self, cost: float, batch: Any) -> bool:
+        """Is a batch like ``batch`` that costs ``cost`` here worth a trip from a worker? Not
+        below ``INLINE_MAX_S``; above it, not below ``TRIPS`` trips either, a trip timed once
+        for this batch's shape (``_trip_s``: a slow machine's trips cost more)."""
+        if cost <= INLINE_MAX_S:
+            return False
+        if self.inline_max is None:
+            self.inline_max = max(INLINE_MAX_S, TRIPS * _trip_s(batch, self.spec.output))
+        return cost > self.inline_max
 
     def fetch_here(self, task: Task) -> Result:
         """Run ``task`` in the main process, timing it for the workers-or-not decision."""
@@ -1228,7 +1271,7 @@ class _Pool:
                 self._jump_start(result, cost)
             elif self.mode == "probe" and (copying or _probed_enough(costs)):
                 typical = _typical(costs)
-                if typical <= INLINE_MAX_S or copying:
+                if copying or not self.worth_workers(typical, result.batch):
                     self.mode = "inline"
                     why = (f"batches are made at {rate / 1e9:.1f} GB/s in the main process (copying memory): "
                            "workers would only copy them again" if copying else
@@ -1242,7 +1285,7 @@ class _Pool:
             # a moderately slow one must be seen twice), or only a worker makes it right
             self.mode = "workers"
         elif _probed_enough(costs):
-            self.mode = "workers" if _typical(costs) > INLINE_MAX_S and not copying else "inline"
+            self.mode = "workers" if not copying and self.worth_workers(_typical(costs), result.batch) else "inline"
         return result
 
     # -- num_workers / fetch_threads / prefetch_factor = "auto" --------------
@@ -1612,7 +1655,7 @@ class _Run(Generic[T]):
             # the same shape as a worker's failure: original type, traceback chained, a note
             raise rebuild(capture(exc, None, indices, keep=True))  # noqa: B904 - the exception itself, noted
         end = time.perf_counter()
-        self.pool.note(end - start)
+        self.pool.note(end - start, batch)
         n = len(indices)
         self.samples_seen += n
         if self.to_numpy:
