@@ -26,7 +26,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 HERE = Path(__file__).resolve().parent
 BATCHES = 256  # an epoch of the overlap scenario (2048 samples, batch 8)
@@ -68,6 +68,93 @@ def _children(pid: int) -> list[int]:
         return []
 
 
+class Floor:
+    """The least a loader with 2 process workers can do here, for reference ("floor2"): fork
+    two workers at the first epoch, hand batch k's indices to worker k % 2 over a pipe (two
+    batches ahead per worker), get back the batch's number over another pipe and the batch
+    itself in a shared mapping (8 slots a worker), and nothing else: no probing, stats,
+    recovery, ordering beyond the rotation, or cleanup beyond closing the pipes. What it
+    loses against the ideal is what this machine costs any such design."""
+
+    SLOTS = 8
+
+    def __init__(self, dataset: Any, batch_size: int, collate_fn: Any) -> None:
+        import mmap
+
+        import numpy as np
+
+        self.dataset, self.batch_size, self.collate = dataset, batch_size, collate_fn
+        self.workers: list[tuple[int, int, int, Any]] = []  # pid, order fd, result fd, slots
+        self.rng = np.random.default_rng(0)
+        self.mmap = mmap.mmap
+        first = collate_fn([dataset[0]] * batch_size)
+        self.shape, self.dtype, self.nbytes = first.shape, first.dtype, first.numel() * first.element_size()
+
+    def _start(self) -> None:
+        import torch
+
+        for w in range(2):
+            buf = self.mmap(-1, self.SLOTS * self.nbytes)
+            orders_r, orders_w = os.pipe()
+            results_r, results_w = os.pipe()
+            pid = os.fork()
+            if pid == 0:
+                for fd in (orders_w, results_r, *(fd for _, o, r, _ in self.workers for fd in (o, r))):
+                    os.close(fd)  # the pipes' other ends: EOF reaches each worker at close()
+                os.nice(5)
+                torch.set_num_threads(1)
+                slots = torch.frombuffer(buf, dtype=self.dtype).view(self.SLOTS, *self.shape)
+                pending = b""
+                while True:
+                    data = os.read(orders_r, 1 << 16)
+                    if not data:
+                        os._exit(0)
+                    pending += data
+                    while len(pending) >= 4 + self.batch_size * 4:
+                        seq = int.from_bytes(pending[:4], "little")
+                        idx = [int.from_bytes(pending[4 + 4 * j:8 + 4 * j], "little") for j in range(self.batch_size)]
+                        pending = pending[4 + 4 * self.batch_size:]
+                        slots[seq // 2 % self.SLOTS].copy_(self.collate([self.dataset[i] for i in idx]))
+                        os.write(results_w, seq.to_bytes(4, "little"))
+            os.close(orders_r)
+            os.close(results_w)
+            self.workers.append((pid, orders_w, results_r, buf))
+
+    def epoch(self) -> Iterator[Any]:
+        import torch
+
+        if not self.workers:
+            self._start()
+        order = self.rng.permutation(len(self.dataset))
+        batches = [order[k:k + self.batch_size] for k in range(0, len(order) - self.batch_size + 1, self.batch_size)]
+
+        def send(seq: int) -> None:
+            indices = b"".join(int(i).to_bytes(4, "little") for i in batches[seq])
+            os.write(self.workers[seq % 2][1], seq.to_bytes(4, "little") + indices)
+
+        ahead = min(len(batches), 4)
+        for seq in range(ahead):
+            send(seq)
+        done: set[int] = set()
+        for seq in range(len(batches)):
+            while seq not in done:
+                data = os.read(self.workers[seq % 2][2], 4096)
+                done.update(int.from_bytes(data[j:j + 4], "little") for j in range(0, len(data), 4))
+            done.discard(seq)
+            view = torch.frombuffer(self.workers[seq % 2][3], dtype=self.dtype, count=self.nbytes // self.dtype.itemsize,
+                                    offset=(seq // 2 % self.SLOTS) * self.nbytes).view(self.shape)
+            if seq + ahead < len(batches):
+                send(seq + ahead)
+            yield view
+
+    def close(self) -> None:
+        for pid, orders_w, results_r, _ in self.workers:
+            os.close(orders_w)
+            os.close(results_r)
+            os.waitpid(pid, 0)
+        self.workers = []
+
+
 def measure(loader_name: str) -> dict[str, Any]:
     """One run of the overlap scenario with ``loader_name`` in this process (a child's)."""
     import loaders
@@ -79,7 +166,11 @@ def measure(loader_name: str) -> dict[str, Any]:
     me = os.getpid()
     rq0 = _runqueue_ns()
     t0 = time.perf_counter()
-    handle = loaders.make(loader_name, setup.dataset, setup.batch_size, setup.collate_fn, EPOCHS)
+    if loader_name == "floor2":
+        floor = Floor(setup.dataset, setup.batch_size, setup.collate_fn)
+        handle = loaders.Handle(floor.epoch, floor.close, 2)
+    else:
+        handle = loaders.make(loader_name, setup.dataset, setup.batch_size, setup.collate_fn, EPOCHS)
     marks: dict[str, tuple[float, int, int]] = {}
     n = 0
     try:
@@ -155,13 +246,21 @@ def run_child(loader_name: str) -> dict[str, Any]:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+def _cpu_model() -> str:
+    if str(HERE) not in sys.path:
+        sys.path.insert(0, str(HERE))
+    import run  # the suite's description of the machine
+
+    return str(run.machine({})["cpu"])
+
+
 def report(results: dict[str, list[dict[str, Any]]], cores: int, cold: dict[str, float] | None = None) -> str:
     med = {name: {key: statistics.median(r[key] for r in runs) for key in runs[0]} for name, runs in results.items()}
     lines = [
         "# overlap: where the time goes",
         "",
-        f"- machine: {platform.processor() or platform.machine()}, {cores} usable cores, "
-        f"{platform.platform()}, python {platform.python_version()}",
+        f"- machine: {_cpu_model()}, {cores} usable cores, {platform.platform()}, python "
+        f"{platform.python_version()}; {time.strftime('%Y-%m-%d %H:%M %Z')}",
         f"- {len(next(iter(results.values())))} runs per loader (fresh process each, alternated), medians; "
         "CPU from /proc schedstat (every thread of the main process, every worker)",
         "- scenario: 4 ms CPU collate in the workers, 4 ms CPU step in the main process, batch 8, "
@@ -189,6 +288,9 @@ def report(results: dict[str, list[dict[str, Any]]], cores: int, cold: dict[str,
             f"{1e3 * m['start_loss_s']:.1f} | {1e3 * m['epoch_edge_loss_s']:.1f} | {1e3 * m['steady_batch_s']:.3f} | "
             f"{1e3 * m['main_cpu_s']:.3f} | {1e3 * m['workers_cpu_s']:.3f} | {1e3 * bound:.3f} | "
             f"{1e3 * m['main_preempted_s']:.1f} |")
+    if "floor2" in med:
+        lines += ["", "floor2 is no loader: two forked workers, a pipe each way, the batches in a shared mapping "
+                  "and nothing else (`Floor`), for what this machine allows any design of this shape."]
     lines += [
         "",
         "CPU bound = max(main CPU, (main CPU + workers' CPU) / cores): the shortest a steady-state batch",
@@ -205,14 +307,15 @@ def report(results: dict[str, list[dict[str, Any]]], cores: int, cold: dict[str,
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--child", help=argparse.SUPPRESS)
-    p.add_argument("--loader", action="append", help="loaders to measure (default conveyor2 torch2)")
+    p.add_argument("--loader", action="append",
+                   help="loaders to measure (default conveyor2 torch2 floor2; floor2: see Floor)")
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--out", help="write the markdown table here too")
     a = p.parse_args(argv)
     if a.child:
         child_main(a.child)
         return 0
-    names = a.loader or ["conveyor2", "torch2"]
+    names = a.loader or ["conveyor2", "torch2", "floor2"]
     results: dict[str, list[dict[str, Any]]] = {n: [] for n in names}
     for _ in range(a.runs):
         for n in names:

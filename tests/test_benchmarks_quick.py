@@ -86,3 +86,23 @@ def test_overlap_budget_times_the_same_work_warm_and_cold() -> None:
     cold = _overlap_budget().run_child("cold")  # in a fresh process, as the report's
     assert set(cold) == {"warm", "after_cpu", "after_sleep"}
     assert all(v > 0 for v in cold.values())
+
+
+@pytest.mark.timeout(60)
+def test_the_floor_reference_makes_every_batch() -> None:
+    # floor2, the overlap budget's featureless reference, does the scenario's work in full: each
+    # epoch hands out every sample once, collated, from two forked workers, which close() ends
+    torch = pytest.importorskip("torch")
+    overlap_budget = _overlap_budget()
+    data = torch.arange(64 * 16, dtype=torch.float32).reshape(64, 16)
+    floor = overlap_budget.Floor(data, 8, torch.stack)
+    try:
+        for _ in range(2):
+            rows = torch.cat([batch.clone() for batch in floor.epoch()])
+            assert rows.shape == (64, 16)
+            assert torch.equal(rows[rows[:, 0].argsort()], data)
+        pids = [w[0] for w in floor.workers]
+        assert len(pids) == 2
+    finally:
+        floor.close()
+    assert floor.workers == [] and not any(os.path.exists(f"/proc/{pid}") for pid in pids)
