@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import conveyor
-from conveyor.transport.recycle import Recycler
+from conveyor.transport.recycle import PAGE, Recycler
 
 
 def addr(a: np.ndarray | torch.Tensor) -> int:
@@ -51,9 +51,21 @@ def test_sizes_fit_within_a_quarter_and_idle_buffers_are_capped() -> None:
     assert len(r.free) <= 2, "at most `keep` idle buffers are held"
     made = r.created
     small = r.alloc((150, 64), np.dtype(np.uint8))  # 300 rows is more than 25% too big
-    assert r.created == made + 1 and len(small.base.base) == 150 * 64
+    assert r.created == made + 1 and len(small.base.base) == 150 * 64 + PAGE  # a page to align it
     r.clear()
     assert not r.free
+
+
+def test_buffers_start_on_a_page() -> None:
+    # a bytearray's data starts 16 bytes past a page: copies into it straddle cache lines
+    r = Recycler(min_bytes=64)
+    first = [r.alloc((n, 64), np.dtype(np.float32)) for n in (10, 100, 1000)]
+    assert all(addr(a) % PAGE == 0 for a in first)
+    sizes = [a.shape for a in first]
+    del first
+    gc.collect()
+    again = [r.alloc(shape, np.dtype(np.float32)) for shape in sizes]
+    assert r.created == 3 and all(addr(a) % PAGE == 0 for a in again)
 
 
 def test_threads_share_one_recycler() -> None:

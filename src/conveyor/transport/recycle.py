@@ -25,6 +25,8 @@ import numpy as np
 
 __all__ = ["Recycler"]
 
+PAGE = 4096  # a buffer's data starts on a page (see Recycler.alloc)
+
 
 class Recycler:
     """An allocator (``use_allocator``) of private buffers, returned when their views die.
@@ -63,18 +65,23 @@ class Recycler:
             self._take_returned()
             best = -1
             for i, kept in enumerate(self.free):
-                if nbytes <= len(kept) <= nbytes + nbytes // 4 and (best < 0 or len(kept) < len(self.free[best])):
+                room = len(kept) - PAGE
+                if nbytes <= room <= nbytes + nbytes // 4 and (best < 0 or room < len(self.free[best]) - PAGE):
                     best = i
             if best >= 0:
                 mem = self.free.pop(best)
         if mem is None:
             t0 = time.perf_counter()
-            mem = bytearray(nbytes)  # zero-filled: faulted in once, here
+            mem = bytearray(nbytes + PAGE)  # zero-filled: faulted in once, here
             self.fresh_s += time.perf_counter() - t0
             self.created += 1
         # the root is a view of a non-array buffer, so every view made from it keeps the root
-        # (numpy collapses chains of views only down to the first array that owns its memory)
-        root = np.frombuffer(mem, dtype=np.uint8, count=nbytes)
+        # (numpy collapses chains of views only down to the first array that owns its memory).
+        # It starts on a page: a bytearray's data starts 16 bytes past one, and every 64-byte
+        # store of a copy into it then straddles two cache lines (torch.stack of 64 uint8
+        # 3x224x224 images on an Intel Xeon: 1.25-1.50 ms a batch there, 1.03-1.09 aligned)
+        skip = -np.frombuffer(mem, dtype=np.uint8, count=1).__array_interface__["data"][0] % PAGE
+        root = np.frombuffer(mem, dtype=np.uint8, count=nbytes, offset=skip)
         weakref.finalize(root, self.returned.append, mem)
         return root.view(dtype).reshape(shape)
 
