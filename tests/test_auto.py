@@ -502,3 +502,5 @@ def test_a_trip_is_timed_for_every_kind_of_leaf() -> None:
     for output in ("torch", "numpy"):
         took = conveyor.loader._trip_s(batch, output)
         assert 0 < took < float("inf")
+    # a batch that cannot make the trip (here: a lambda does not pickle) is not timed, and not an error
+    assert conveyor.loader._trip_s({"x": torch.ones(2), "f": lambda: 0}, "torch") == 0.0
