@@ -1279,8 +1279,8 @@ class _Pool:
                     self.mode = "inline"
                     why = (f"batches are made at {rate / 1e9:.1f} GB/s in the main process (copying memory): "
                            "workers would only copy them again" if copying else
-                           f"a batch costs {typical * 1e6:.0f} us in the main process, less than a trip "
-                           "from a worker")
+                           f"a batch costs {typical * 1e6:.0f} us in the main process, less than bringing it "
+                           f"from a worker would ({(self.inline_max or INLINE_MAX_S) * 1e6:.0f} us)")
                     self.tuner.pin({"num_workers": 0, "fetch_threads": self.threads, "prefetch_factor": None,
                                     "reason": why + ": no workers"})
         elif self.rng_sensitive or (not copying and (cost > 5 * SLOW_S and rate < INLINE_RATE or (
