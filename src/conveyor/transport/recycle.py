@@ -65,8 +65,8 @@ class Recycler:
             self._take_returned()
             best = -1
             for i, kept in enumerate(self.free):
-                room = len(kept) - PAGE
-                if nbytes <= room <= nbytes + nbytes // 4 and (best < 0 or room < len(self.free[best]) - PAGE):
+                room = len(kept) - PAGE  # a page of each buffer aligns it
+                if nbytes <= room <= nbytes + nbytes // 4 and (best < 0 or len(kept) < len(self.free[best])):
                     best = i
             if best >= 0:
                 mem = self.free.pop(best)
