@@ -494,6 +494,54 @@ def test_a_batch_is_worth_a_worker_only_above_the_trips_it_costs(monkeypatch: py
     assert (stats["main_process_batches"] == 24) == (trip > 0.001)
 
 
+class ColdStart:
+    """Samples below ``slow_below`` burn ``burn`` seconds of CPU each, the rest nothing: a
+    dataset whose first batches pay one-time costs its later ones do not."""
+
+    def __init__(self, slow_below: int, burn: float) -> None:
+        self.slow_below, self.burn = slow_below, burn
+
+    def __len__(self) -> int:
+        return 8 * 40
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        if i < self.slow_below:
+            end = time.thread_time() + self.burn
+            while time.thread_time() < end:
+                pass
+        return np.full(2, i, dtype=np.int64)
+
+
+@pytest.mark.timeout(60)
+def test_a_costly_first_batch_alone_does_not_fork_the_workers() -> None:
+    # 8 samples of 0.4 ms: a first batch of 3.2 ms of CPU (past SLOW_S, under FIRST_SLOW_S), then batches of
+    # microseconds. One-time costs of a first batch are no reason to fork: the workers
+    # would be slower than the main process for every batch after it
+    with DataLoader(ColdStart(8, 0.0004), batch_size=8, num_workers=2, output="numpy") as loader:
+        got = _all(loader)
+        stats = loader.stats()
+    assert np.array_equal(got, np.arange(8 * 40))
+    assert not stats["workers_started"]
+    assert stats["main_process_batches"] == 40
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("slow_batches", [3, 40])
+def test_probing_batches_that_read_high_do_not_fork_the_workers(monkeypatch: pytest.MonkeyPatch,
+                                                                  slow_batches: int) -> None:
+    # three probing batches of 1.6 ms and a fourth of microseconds: the cheapest says what a
+    # batch costs (the quick path times them again later); when every batch costs 1.6 ms,
+    # the workers make them
+    monkeypatch.setattr(conveyor.loader, "INLINE_MAX_S", 0.0005)
+    monkeypatch.setattr(conveyor.loader, "SLOW_S", 0.5)  # only the costs decide, however busy the machine
+    monkeypatch.setattr(conveyor.loader, "_trip_s", lambda batch, output: 1e-6)
+    with DataLoader(ColdStart(8 * slow_batches, 0.0002), batch_size=8, num_workers=2, output="numpy") as loader:
+        got = _all(loader)
+        stats = loader.stats()
+    assert np.array_equal(got, np.arange(8 * 40))
+    assert stats["workers_started"] == (slow_batches == 40)
+
+
 def test_a_trip_is_timed_for_every_kind_of_leaf() -> None:
     # the stand-in batch keeps the tree, each array's dtype and rank, and every other leaf
     torch = pytest.importorskip("torch")

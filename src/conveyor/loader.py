@@ -66,6 +66,11 @@ TRIPS = 11
 # A batch this slow is clearly worth a worker (two in a row: start them); a probing batch
 # still running after this long starts them there and then (five times that: at once).
 SLOW_S = 2e-3
+# ... except after the very first batch, whose one-time costs (first calls into libraries,
+# first touches of the data) pass SLOW_S on their own: a diabetes batch's reached 2.0-2.4 ms
+# of CPU in fresh processes on a slow host (its later batches 0.4-0.7 ms) and forked the
+# workers in 2 of 12 runs, each then twice as slow.
+FIRST_SLOW_S = 5e-3
 # A batch produced faster than this (bytes of arrays per second) is a memory copy: a worker
 # would repeat the copy into shared memory and add a trip, so the main process keeps it.
 # (Decoding JPEGs makes ~0.07 GB/s a core; copying arrays 1.5 GB/s into fresh pages, 10+
@@ -887,6 +892,18 @@ def _typical(costs: list[float]) -> float:
     return sorted(costs)[len(costs) // 4]
 
 
+def _estimate(costs: list[float]) -> float:
+    """What a main-process batch costs, for a loader whose count of workers is set: the
+    cheapest of the first probing batches, the low quartile once there are more.
+
+    The first batches read high (one-time costs, cold caches, and each probing batch's RNG
+    bookkeeping), and the two mistakes do not cost alike: workers started for batches that
+    were cheaper here stay (diabetes on a slow host, probing batches of 0.5-1.6 ms and later
+    ones of 0.4: twice as slow), while batches kept here are timed again by the quick path
+    (``_Pool.note``, every 16) and go to the workers if they are costly after all."""
+    return min(costs) if len(costs) <= 4 else _typical(costs)
+
+
 def _probed_enough(costs: list[float]) -> bool:
     """Have the probing batches said enough to choose? After four, or as soon as two cost
     at most ``INLINE_MAX_S``: the low quartile of four is then at most that whatever the
@@ -1187,11 +1204,12 @@ class _Pool:
             elif self.auto is not None and self.auto["num_workers"]:
                 start = self._start_early_auto
         rates = self.inline_rates
-        if start is not None and self.num_workers and self.probe_cpu > SLOW_S and rates and rates[-1] < INLINE_RATE:
-            # the batch before kept this process computing for longer than SLOW_S, not copying
-            # memory nor faulting in new pages: preemption cannot explain that, so the workers
-            # are forked now and make the next batches while this one, the second opinion, is
-            # made here
+        slow = SLOW_S if len(self.inline_costs) >= 2 else FIRST_SLOW_S
+        if start is not None and self.num_workers and self.probe_cpu > slow and rates and rates[-1] < INLINE_RATE:
+            # the batch before kept this process computing for longer than SLOW_S (the very
+            # first batch: FIRST_SLOW_S), not copying memory nor faulting in new pages:
+            # preemption cannot explain that, so the workers are forked now and make the next
+            # batches while this one, the second opinion, is made here
             start()
             start = None
         if start is not None:
@@ -1289,7 +1307,7 @@ class _Pool:
             # a moderately slow one must be seen twice), or only a worker makes it right
             self.mode = "workers"
         elif _probed_enough(costs):
-            self.mode = "workers" if not copying and self.worth_workers(_typical(costs), result.batch) else "inline"
+            self.mode = "workers" if not copying and self.worth_workers(_estimate(costs), result.batch) else "inline"
         return result
 
     # -- num_workers / fetch_threads / prefetch_factor = "auto" --------------
