@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import os
 import platform
 import select
@@ -357,11 +358,29 @@ def paired(ref: dict[str, Any], mine: dict[str, Any]) -> float | None:
     return statistics.median(a / b for a, b in pairs) if pairs else None
 
 
+def median_interval(values: list[float], coverage: float = 0.9) -> tuple[float, float, float]:
+    """A distribution-free interval for the median of ``values``: the order statistics
+    x(k) and x(n+1-k) with the largest k whose binomial coverage, 1 - 2 P(Bin(n, 1/2) < k),
+    is at least ``coverage`` (with under 5 values, min and max: less coverage than asked).
+    Returns (low, high, the coverage it has)."""
+    xs = sorted(values)
+    n = len(xs)
+
+    def cover(k: int) -> float:
+        return 1.0 - 2.0 * sum(math.comb(n, i) for i in range(k)) / 2 ** n
+
+    k = 1
+    while k + 1 <= (n + 1) // 2 and cover(k + 1) >= coverage:
+        k += 1
+    return xs[k - 1], xs[n - k], cover(k)
+
+
 def check(target: str, result: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """Evaluate ``"A/B>=x"`` (B's time over A's), ``"A/peers>=x"``, ``"A/best>=x"`` (the
     fastest fixed conveyor setting) or ``"A:efficiency>=x"``. Ratios of medians; against
     one loader the paired ratio (``paired``) is reported beside it, and the target counts
-    as met when either estimate is."""
+    as met when either estimate is. A target missed by both whose paired ratios' interval
+    (``median_interval``) reaches it is marked ``noise``: the runs cannot tell it from met."""
     left, goal = target.split(">=")
     want = float(goal)
     out: dict[str, Any] = {"target": target}
@@ -378,10 +397,27 @@ def check(target: str, result: dict[str, dict[str, Any]]) -> dict[str, Any]:
         if ref != "peers" and len(ok) == 1 and mine:
             out["ref"] = ok[0]
             out["paired"] = paired(result[ok[0]], result[name])
+            ratios = [a / b for a, b in zip(result[ok[0]].get("runs_s", []), result[name].get("runs_s", []))]
+            if ratios:
+                out["interval"] = median_interval(ratios)
     out["value"] = value
     values = [v for v in (value, out.get("paired")) if v is not None]
     out["met"] = None if not values else max(values) >= want
+    if out["met"] is False and "interval" in out:
+        out["noise"] = out["interval"][1] >= want
     return out
+
+
+def verdict(t: dict[str, Any]) -> str:
+    """met, MISSED, MISSED with the interval that reaches the target, or n/a."""
+    if t["met"] is None:
+        return "n/a"
+    if t["met"]:
+        return "met"
+    if t.get("noise"):
+        lo, hi, cov = t["interval"]
+        return f"MISSED, within noise (paired {cov:.0%} interval {lo:.2f}-{hi:.2f})"
+    return "MISSED"
 
 
 def fmt(x: float | None, digits: int = 2) -> str:
@@ -415,7 +451,7 @@ def markdown(report: dict[str, Any]) -> str:
             f"{t['target']}: {fmt(t['value'])}"
             + (f" (vs {t['ref']}; paired {fmt(t['paired'])})" if t.get("ref") and t['target'].split('/')[1].startswith('best') else
                f" (paired {fmt(t['paired'])})" if "paired" in t else "")
-            + f" {'met' if t['met'] else 'MISSED' if t['met'] is False else 'n/a'}"
+            + f" {verdict(t)}"
             for t in sc["targets"]) or "-"
         out.append(f"| {name} | {head} | {fmt(r.get('vs_torch2'))} | {fmt(r.get('vs_torch0'))} | "
                    f"{fmt(vs_peers)} | {targets} |")

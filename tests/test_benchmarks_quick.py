@@ -106,3 +106,38 @@ def test_the_floor_reference_makes_every_batch() -> None:
     finally:
         floor.close()
     assert floor.workers == [] and not any(os.path.exists(f"/proc/{pid}") for pid in pids)
+
+
+def _runner() -> Any:
+    """benchmarks/run.py as a module."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import run
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    return run
+
+
+def test_median_interval_takes_the_order_statistics_binomial_coverage_allows() -> None:
+    run = _runner()
+    # 11 values: x(3) and x(9) cover the median with 1 - 2 * 67/2048 = 0.935; x(4)..x(8) with 0.773
+    lo, hi, cov = run.median_interval([float(v) for v in range(11, 0, -1)])
+    assert (lo, hi) == (3.0, 9.0) and cov == pytest.approx(1 - 2 * 67 / 2048)
+    # 3 values: min and max, which cover it with only 0.75
+    assert run.median_interval([2.0, 1.0, 3.0]) == (1.0, 3.0, 0.75)
+
+
+def test_a_missed_target_is_called_noise_only_when_its_interval_reaches_it() -> None:
+    run = _runner()
+    torch0 = [1.0] * 11
+    close = [1.0 / r for r in (0.9, 0.92, 0.94, 0.95, 0.96, 0.97, 0.98, 0.99, 1.02, 1.05, 1.1)]
+    far = [1.0 / r for r in (0.80, 0.81, 0.82, 0.83, 0.84, 0.85, 0.86, 0.87, 0.88, 0.89, 0.95)]
+    for runs, noise in ((close, True), (far, False)):
+        result = {"torch0": {"status": "ok", "median_s": 1.0, "runs_s": torch0},
+                  "conveyor_auto": {"status": "ok", "median_s": sorted(runs)[5], "runs_s": runs}}
+        got = run.check("conveyor_auto/torch0>=1", result)
+        assert got["met"] is False and got["noise"] is noise
+        assert run.verdict(got).startswith("MISSED") and ("within noise" in run.verdict(got)) is noise
+    met = run.check("conveyor_auto/torch0>=1", {"torch0": {"status": "ok", "median_s": 1.0, "runs_s": [1.0] * 3},
+                                                 "conveyor_auto": {"status": "ok", "median_s": 0.9, "runs_s": [0.9] * 3}})
+    assert met["met"] is True and run.verdict(met) == "met"
