@@ -218,8 +218,9 @@ def test_no_leaks_inline_and_spawn() -> None:
 
 
 KILLED = textwrap.dedent("""
-    import os, sys, time
+    import os, signal, sys, time
     import psutil
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)  # as in a terminal, even where pytest runs under nohup
     import conveyor
     from helpers import WORKERS, Images
 
@@ -236,6 +237,37 @@ KILLED = textwrap.dedent("""
     print("READY", os.getpid(), *kids, flush=True)
     time.sleep(120)
 """)
+
+
+NOHUP = textwrap.dedent("""
+    import os, signal, sys
+    import numpy as np
+    import conveyor
+    from helpers import WORKERS, Images
+
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)  # what nohup does before starting python
+    loader = conveyor.DataLoader(Images(64), batch_size=8, num_workers=2, persistent_workers=True, **WORKERS)
+    it = iter(loader)
+    got = [next(it) for _ in range(2)]
+    os.killpg(0, signal.SIGHUP)  # the terminal closes: the whole group gets SIGHUP
+    got += list(it)
+    got += list(loader)  # a second epoch from the same workers
+    stats = loader.stats()
+    loader.close()
+    print("DONE", len(got), len(stats["deaths"]), stats["restarts"], flush=True)
+""")
+
+
+@pytest.mark.timeout(90)
+def test_workers_of_a_run_under_nohup_survive_sighup(tmp_path: Path, script_env: dict[str, str]) -> None:
+    # a main process that ignores SIGHUP (nohup) outlives its terminal; its workers must too,
+    # not clean up and die as they do on a SIGHUP the main process dies of
+    script = tmp_path / "nohup.py"
+    script.write_text(NOHUP)
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=script_env,
+                          timeout=80, start_new_session=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.split() == ["DONE", "16", "0", "0"], proc.stdout + proc.stderr[-3000:]
 
 
 @pytest.mark.timeout(90)

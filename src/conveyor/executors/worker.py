@@ -529,7 +529,9 @@ def serve(spec: WorkerSpec, worker_id: int, gen: int, tasks: Any, results: Any,
         os.kill(os.getpid(), signum)
 
     for sig in (signal.SIGTERM, getattr(signal, "SIGHUP", None)):
-        if sig is not None:
+        # a signal the main process ignores (``nohup``: SIGHUP) stays ignored here too: the
+        # closed terminal that ends nothing else must not end the workers either
+        if sig is not None and signal.getsignal(sig) is not signal.SIG_IGN:
             signal.signal(sig, on_term)
     try:
         try:
