@@ -40,6 +40,8 @@ class Handle:
     epoch: Callable[[], Iterable[Any]]
     close: Callable[[], None]
     workers: int | None
+    # what the loader chose for itself (conveyor_auto: its tuning), read before close
+    chosen: Callable[[], dict[str, Any] | None] = lambda: None
 
 
 def available(name: str) -> str | None:
@@ -117,7 +119,12 @@ def _conveyor(name: str, dataset: Any, batch_size: int, collate_fn: Collate, shu
     loader = conveyor.DataLoader(dataset, batch_size=batch_size, shuffle=shuffle, collate_fn=collate_fn,
                                  num_workers=workers, persistent_workers=workers != 0, **opts)
     count = loader.num_workers if isinstance(getattr(loader, "num_workers", None), int) else None
-    return Handle(lambda: loader, loader.close, count)
+
+    def chosen() -> dict[str, Any] | None:
+        tuning = loader.tuning() if workers == "auto" else None
+        return {k: tuning.get(k) for k in ("num_workers", "fetch_threads", "prefetch_factor")} if tuning else None
+
+    return Handle(lambda: loader, loader.close, count, chosen)
 
 
 def _index_batches(n: int, batch_size: int, shuffle: bool, epochs: int, seed: int = 0) -> Iterator[list[int]]:

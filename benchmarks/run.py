@@ -93,12 +93,15 @@ def child(scenario_name: str, loader_name: str, quick: bool, profile_dir: str | 
             if i == 0:
                 first = got_first
         seconds = min(passes)
+        chosen = handle.chosen()
     finally:
         if profiler is not None:
             profiler.disable()
         handle.close()
     out: dict[str, Any] = {"status": "ok", "seconds": seconds, "batches": batches, "first_batch_s": first,
                            "workers": handle.workers, "opts": opts, "cpu": cpu_use(cpu0, cpu_snapshot())}
+    if chosen is not None:
+        out["chosen"] = chosen
     if warmup_s is not None:
         out["warmup_s"] = warmup_s
     if len(passes) > 1:
@@ -325,6 +328,9 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
     for key in ("others_s", "idle_s", "steal_s"):
         if all(key in r.get("cpu", {}) for r in ok):
             out[key] = statistics.median(r["cpu"][key] for r in ok)
+    choices = [json.dumps(r["chosen"], sort_keys=True) for r in ok if r.get("chosen")]
+    if choices:
+        out["chosen"] = {c: choices.count(c) for c in sorted(set(choices), key=choices.index)}
     if "ideal_s" in ok[0]:
         out["ideal_s"] = ok[0]["ideal_s"]
         out["efficiency"] = ok[0]["ideal_s"] / out["median_s"]
@@ -473,6 +479,11 @@ def markdown(report: dict[str, Any]) -> str:
             for key, what in (("others_s", "other processes' CPU"), ("steal_s", "stolen CPU")):
                 if r.get(key, 0.0) >= max(0.02, 0.02 * r["median_s"]):
                     note = (note + f"; {what} {r[key]:.2f} s a run").strip("; ")
+            if r.get("chosen"):
+                runs_n = len(r["runs_s"])
+                note = (note + "; chose " + ", ".join(
+                    ", ".join(f"{k}={v}" for k, v in json.loads(c).items()) + f" ({n} of {runs_n} runs)"
+                    for c, n in r["chosen"].items())).strip("; ")
             if r.get("opts"):
                 note = (note + " " + ", ".join(f"{k}={val}" for k, val in r["opts"].items())).strip()
             runs = " ".join(f"{t:.3f}" if t >= 0.01 else f"{t:.4f}" for t in r["runs_s"])

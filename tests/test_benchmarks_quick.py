@@ -141,3 +141,21 @@ def test_a_missed_target_is_called_noise_only_when_its_interval_reaches_it() -> 
     met = run.check("conveyor_auto/torch0>=1", {"torch0": {"status": "ok", "median_s": 1.0, "runs_s": [1.0] * 3},
                                                  "conveyor_auto": {"status": "ok", "median_s": 0.9, "runs_s": [0.9] * 3}})
     assert met["met"] is True and run.verdict(met) == "met"
+
+
+def test_what_auto_chose_is_counted_over_runs_and_shown_beside_its_time() -> None:
+    run = _runner()
+    inline = {"num_workers": 0, "fetch_threads": 1, "prefetch_factor": None}
+    two = {"num_workers": 2, "fetch_threads": 1, "prefetch_factor": 2}
+    runs = [{"status": "ok", "seconds": s, "batches": 8, "first_batch_s": 0.01, "workers": None, "opts": {},
+             "chosen": c} for s, c in ((0.3, inline), (0.2, two), (0.1, inline))]
+    summary = run.summarize(runs)
+    assert summary["chosen"] == {json.dumps(inline, sort_keys=True): 2, json.dumps(two, sort_keys=True): 1}
+    machine = {"cpu": "x", "cores_usable": 2, "cpu_count": 2, "ram": "1 GiB", "dev_shm": "1 GiB", "platform": "p",
+               "load_avg_start": [0, 0, 0], "python": "3.11", "versions": {}, "commit": "c", "date": "d"}
+    report = {"name": "t", "machine": machine, "repeats": 3, "quick": False, "fresh": "forked process",
+              "unavailable": {}, "scenarios": {"s": {"doc": "d", "headline": "conveyor_auto", "targets": [],
+                                                    "loaders": {"conveyor_auto": summary}}}}
+    text = run.markdown(report)
+    assert "chose fetch_threads=1, num_workers=0, prefetch_factor=None (2 of 3 runs)" in text
+    assert "num_workers=2, prefetch_factor=2 (1 of 3 runs)" in text
