@@ -13,9 +13,12 @@ import dataclasses
 import gc
 import math
 import os
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -351,3 +354,9 @@ def _worker_options() -> dict[str, Any]:
 
 # Loader options that make batches really come from the workers (no main-process shortcut).
 WORKERS: dict[str, Any] = _worker_options()
+
+
+def run_script(path: Path, text: str, env: dict[str, str], timeout: float, **kw: Any) -> subprocess.CompletedProcess[str]:
+    """Write ``text`` to ``path`` and run it with this Python: output captured as text."""
+    path.write_text(text)
+    return subprocess.run([sys.executable, str(path)], capture_output=True, text=True, env=env, timeout=timeout, **kw)

@@ -49,14 +49,19 @@ def test_quick_run_writes_reports(tmp_path: Path) -> None:
     assert "efficiency" in report["scenarios"]["overlap"]["loaders"]["torch2"]
 
 
-def _overlap_budget() -> Any:
-    """benchmarks/overlap_budget.py as a module (the benchmarks folder is no package)."""
+def _bench_module(name: str) -> Any:
+    """benchmarks/<name>.py as a module (the benchmarks folder is no package)."""
+    import importlib
+
     sys.path.insert(0, str(ROOT / "benchmarks"))
     try:
-        import overlap_budget
+        return importlib.import_module(name)
     finally:
         sys.path.remove(str(ROOT / "benchmarks"))
-    return overlap_budget
+
+
+def _overlap_budget() -> Any:
+    return _bench_module("overlap_budget")
 
 
 @pytest.mark.timeout(120)
@@ -109,13 +114,7 @@ def test_the_floor_reference_makes_every_batch() -> None:
 
 
 def _runner() -> Any:
-    """benchmarks/run.py as a module."""
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        import run
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
-    return run
+    return _bench_module("run")
 
 
 def test_median_interval_takes_the_order_statistics_binomial_coverage_allows() -> None:

@@ -6,7 +6,6 @@ import os
 import queue
 import re
 import signal
-import subprocess
 import sys
 import textwrap
 import time
@@ -20,7 +19,7 @@ import torch
 import torch.utils.data as tud
 
 import conveyor
-from helpers import WORKERS, Failing, Snapshot, Squares, Stream, assert_no_leaks, children
+from helpers import WORKERS, Failing, Snapshot, Squares, Stream, assert_no_leaks, children, run_script
 
 KINDS = {
     "process": {"num_workers": 2, "worker_type": "process", **WORKERS},
@@ -360,10 +359,7 @@ NO_GUARD = textwrap.dedent("""
 
 @pytest.mark.timeout(90)
 def test_spawn_without_main_guard(tmp_path: Path, script_env: dict[str, str]) -> None:
-    script = tmp_path / "no_guard.py"
-    script.write_text(NO_GUARD)
-    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=script_env,
-                          timeout=75, cwd=tmp_path)
+    proc = run_script(tmp_path / "no_guard.py", NO_GUARD, script_env, 75, cwd=tmp_path)
     assert proc.returncode != 0
     assert "__main__" in proc.stderr, proc.stderr[-3000:]
 
@@ -396,10 +392,7 @@ SHM_FULL = textwrap.dedent("""
 
 @pytest.mark.timeout(90)
 def test_shm_full_falls_back_with_one_warning(tmp_path: Path, script_env: dict[str, str]) -> None:
-    script = tmp_path / "shm_full.py"
-    script.write_text(SHM_FULL)
-    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=script_env,
-                          timeout=75)
+    proc = run_script(tmp_path / "shm_full.py", SHM_FULL, script_env, 75)
     assert proc.returncode == 0, proc.stderr[-3000:]
     line = [ln for ln in proc.stdout.splitlines() if ln.startswith("WARNINGS")]
     assert line and line[0].split()[1] == "1", proc.stdout

@@ -32,6 +32,7 @@ from helpers import (
     assert_no_leaks,
     children,
     pid_alive,
+    run_script,
     shm_entries,
     wait_until,
 )
@@ -262,10 +263,7 @@ NOHUP = textwrap.dedent("""
 def test_workers_of_a_run_under_nohup_survive_sighup(tmp_path: Path, script_env: dict[str, str]) -> None:
     # a main process that ignores SIGHUP (nohup) outlives its terminal; its workers must too,
     # not clean up and die as they do on a SIGHUP the main process dies of
-    script = tmp_path / "nohup.py"
-    script.write_text(NOHUP)
-    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=script_env,
-                          timeout=80, start_new_session=True)
+    proc = run_script(tmp_path / "nohup.py", NOHUP, script_env, 80, start_new_session=True)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.split() == ["DONE", "16", "0", "0"], proc.stdout + proc.stderr[-3000:]
 
