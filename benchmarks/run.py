@@ -485,7 +485,7 @@ def markdown(report: dict[str, Any]) -> str:
                     ", ".join(f"{k}={v}" for k, v in json.loads(c).items()) + f" ({n} of {runs_n} runs)"
                     for c, n in r["chosen"].items())).strip("; ")
             if r.get("opts"):
-                note = (note + " " + ", ".join(f"{k}={val}" for k, val in r["opts"].items())).strip()
+                note = (note + "; " + ", ".join(f"{k}={val}" for k, val in r["opts"].items())).strip("; ")
             runs = " ".join(f"{t:.3f}" if t >= 0.01 else f"{t:.4f}" for t in r["runs_s"])
             median = f"{r['median_s']:.3f}" if r["median_s"] >= 0.01 else f"{r['median_s']:.4f}"
             out.append(f"| {loader} | {median} | {runs} | {r['batches']} | {r['first_batch_s']:.3f} | "
