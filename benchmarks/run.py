@@ -481,7 +481,7 @@ def markdown(report: dict[str, Any]) -> str:
                     note = (note + f"; {what} {r[key]:.2f} s a run").strip("; ")
             if r.get("chosen"):
                 runs_n = len(r["runs_s"])
-                note = (note + "; chose " + ", ".join(
+                note = (note + "; chose " + "; ".join(
                     ", ".join(f"{k}={v}" for k, v in json.loads(c).items()) + f" ({n} of {runs_n} runs)"
                     for c, n in r["chosen"].items())).strip("; ")
             if r.get("opts"):

@@ -157,4 +157,4 @@ def test_what_auto_chose_is_counted_over_runs_and_shown_beside_its_time() -> Non
                                                     "loaders": {"conveyor_auto": summary}}}}
     text = run.markdown(report)
     assert "chose fetch_threads=1, num_workers=0, prefetch_factor=None (2 of 3 runs)" in text
-    assert "num_workers=2, prefetch_factor=2 (1 of 3 runs)" in text
+    assert "(2 of 3 runs); fetch_threads=1, num_workers=2, prefetch_factor=2 (1 of 3 runs)" in text
