@@ -542,6 +542,39 @@ def test_probing_batches_that_read_high_do_not_fork_the_workers(monkeypatch: pyt
     assert stats["workers_started"] == (slow_batches == 40)
 
 
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("workers", [2, "auto"])
+def test_the_probes_own_bookkeeping_is_not_a_batchs_cost(monkeypatch: pytest.MonkeyPatch, workers: object) -> None:
+    # batches of microseconds, probed with 1 ms of bookkeeping each around them (here: the
+    # run-queue reading the watch starts from): a batch kept in the main process would not
+    # pay it, so it is no reason to fork, nor to time a trip
+    real = conveyor.loader._runqueue_wait
+
+    def slow_census() -> float | None:
+        end = time.thread_time() + 0.001
+        while time.thread_time() < end:
+            pass
+        return real()
+
+    trips: list[int] = []
+
+    def trip(batch: object, output: str) -> float:
+        trips.append(1)
+        return 1e-6  # 11 trips: under INLINE_MAX_S, so only the costs decide
+
+    monkeypatch.setattr(conveyor.loader, "_runqueue_wait", slow_census)
+    monkeypatch.setattr(conveyor.loader, "SLOW_S", 0.5)  # however busy the machine
+    monkeypatch.setattr(conveyor.loader, "_trip_s", trip)
+    monkeypatch.setattr(conveyor.loader, "INLINE_MAX_S", 0.0005)
+    with DataLoader(ColdStart(0, 0.0), batch_size=8, num_workers=workers, output="numpy") as loader:
+        got = _all(loader)
+        stats = loader.stats()
+    assert np.array_equal(got, np.arange(8 * 40))
+    assert not stats["workers_started"]
+    assert stats["main_process_batches"] == 40
+    assert not trips
+
+
 def test_a_trip_is_timed_for_every_kind_of_leaf() -> None:
     # the stand-in batch keeps the tree, each array's dtype and rank, and every other leaf
     torch = pytest.importorskip("torch")
