@@ -218,6 +218,15 @@ def machine(versions: dict[str, str]) -> dict[str, Any]:
             "versions": versions, "commit": commit, "date": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
 
 
+def _scenario_steady(name: str) -> bool:
+    """Does scenario ``name`` run every loader with glibc's thresholds fixed?"""
+    sys.path[:0] = [str(HERE), str(ROOT / "src")]
+    import scenarios
+
+    sc = scenarios.SCENARIOS.get(name)
+    return bool(sc is not None and sc.steady_malloc)
+
+
 def steady_malloc() -> None:
     """Keep glibc from handing freed memory back to the kernel in this process (a child):
     a batch allocated by a collate_fn that calls torch.stack itself otherwise faults its pages
@@ -463,6 +472,9 @@ def markdown(report: dict[str, Any]) -> str:
                    f"{fmt(vs_peers)} | {targets} |")
     for name, sc in report["scenarios"].items():
         reps = f" ({sc['repeats']} repeats: short runs)" if sc.get("repeats", report["repeats"]) != report["repeats"] else ""
+        if sc.get("steady_malloc") and not report.get("steady_malloc"):
+            reps += ("; glibc's trim and mmap thresholds fixed in every run of every loader, whose runs "
+                     "split in two without (see the benchmarks README)")
         out += ["", f"## {name}", "", sc["doc"] + reps, "",
                 "| loader | median s | runs s | batches | first batch s | vs torch2 | vs torch0 | note |",
                 "|---|---|---|---|---|---|---|---|"]
@@ -519,7 +531,7 @@ def main(argv: list[str] | None = None) -> int:
         print(MARK + json.dumps(probe()), flush=True)
         return 0
     if a.child:
-        if a.steady_malloc:
+        if a.steady_malloc or _scenario_steady(a.child[0]):
             steady_malloc()
         try:
             result = child(a.child[0], a.child[1], a.quick, str(out_dir) if a.profile else None)
@@ -574,6 +586,7 @@ def main(argv: list[str] | None = None) -> int:
         targets = sc.targets + (AUTO_TARGETS if "conveyor_auto" in result and result["conveyor_auto"].get(
             "status") == "ok" and not a.quick else ())
         report["scenarios"][sname] = {"doc": sc.doc, "headline": sc.headline, "loaders": result, "repeats": reps,
+                                      "steady_malloc": a.steady_malloc or sc.steady_malloc,
                                       "targets": [check(t, result) for t in targets]}
     report["elapsed_s"] = time.perf_counter() - started
     report["machine"]["load_avg_end"] = [round(x, 2) for x in os.getloadavg()]

@@ -74,7 +74,9 @@ class Scenario:
     declared in ``variants`` as ``(base, extra kwargs)``. ``headline`` is the
     conveyor loader reported in the summary table. ``min_repeats``: runs of a few tens of
     milliseconds, where one preemption moves a run by a third, get at least this many
-    repeats in a full run (every loader alike).
+    repeats in a full run (every loader alike). ``steady_malloc``: every run of every loader
+    fixes glibc's trim and mmap thresholds before it starts (``run.steady_malloc``), where
+    glibc's own heuristics split the runs of every loader in two (see the README).
     """
 
     name: str
@@ -85,6 +87,7 @@ class Scenario:
     headline: str = "conveyor2"
     targets: tuple[str, ...] = ()
     min_repeats: int = 0
+    steady_malloc: bool = False
 
 
 def busy(seconds: float) -> None:
@@ -345,7 +348,7 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in [
     Scenario("diabetes", "759x8 float32 + label, tensor pair per index, batch 32, 10 epochs, loading only",
              build_diabetes, targets=("conveyor2/torch2>=10", "conveyor2/torch0>=1"), min_repeats=11),
     Scenario("diabetes_train", "diabetes + the seed's 8-6-4-1 MLP, BCELoss, SGD step per batch",
-             build_diabetes_train, min_repeats=11),
+             build_diabetes_train, min_repeats=21),
     Scenario("diabetes_array", "diabetes data as conveyor.ArrayDataset (torch: TensorDataset); "
              "10 epochs timed after one untimed warm-up epoch, best of 5 such passes per run "
              "(warm-up time in the note column)",
@@ -356,7 +359,7 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in [
     Scenario("jpeg", "512 JPEGs 256..320 px, Pillow decode, random 224 crop + flip, batch 64, 4 epochs",
              build_jpeg, targets=("conveyor2/torch2>=1.1",)),
     Scenario("detection", "uint8 3x256x256 + 1..20 boxes, list collate, batch 16, 4 epochs",
-             build_detection, targets=("conveyor2/torch2>=3",), min_repeats=11),
+             build_detection, targets=("conveyor2/torch2>=3",), min_repeats=11, steady_malloc=True),
     Scenario("overlap", "4 ms CPU collate in workers, 4 ms CPU train step in main, batch 8, 512 batches",
              build_overlap, targets=("conveyor2:efficiency>=0.95",)),
     Scenario("latency", "5 ms sleep per sample, batch 32, 3072 samples; conveyor fetch_threads 16 / 32 / 64 "

@@ -158,3 +158,22 @@ def test_what_auto_chose_is_counted_over_runs_and_shown_beside_its_time() -> Non
     text = run.markdown(report)
     assert "chose fetch_threads=1, num_workers=0, prefetch_factor=None (2 of 3 runs)" in text
     assert "(2 of 3 runs); fetch_threads=1, num_workers=2, prefetch_factor=2 (1 of 3 runs)" in text
+
+
+def test_a_scenario_can_fix_glibcs_thresholds_for_every_loader_and_says_so() -> None:
+    run = _runner()
+    # detection's runs split in two for every loader under glibc's own heuristics; the rest
+    # leave glibc as users have it
+    assert run._scenario_steady("detection") and not run._scenario_steady("diabetes_train")
+    assert not run._scenario_steady("no such scenario")
+    machine = {"cpu": "x", "cores_usable": 2, "cpu_count": 2, "ram": "1 GiB", "dev_shm": "1 GiB", "platform": "p",
+               "load_avg_start": [0, 0, 0], "python": "3.11", "versions": {}, "commit": "c", "date": "d"}
+    ok = {"status": "ok", "median_s": 0.1, "runs_s": [0.1], "batches": 8, "first_batch_s": 0.01}
+    scenarios = {name: {"doc": name, "headline": "torch0", "targets": [], "repeats": 3, "steady_malloc": steady,
+                        "loaders": {"torch0": ok}} for name, steady in (("fixed", True), ("left", False))}
+    report = {"name": "t", "machine": machine, "repeats": 3, "quick": False, "fresh": "forked process",
+              "unavailable": {}, "scenarios": scenarios}
+    text = run.markdown(report)
+    fixed, left = text.split("## fixed")[1].split("## left")
+    assert "thresholds fixed in every run of every loader" in fixed
+    assert "thresholds fixed" not in left
