@@ -111,3 +111,41 @@ def test_main_process_batches_reuse_memory_and_held_ones_stay_intact() -> None:
         for b in loader:  # dropped batch by batch: the kept buffers serve the whole epoch
             assert torch.equal(b[:, 0, 0], b[:, -1, -1])
         assert loader._recycler.created == made, "no new memory once dropped batches came back"
+
+
+class Growing(torch.utils.data.Dataset):
+    """Samples of 16 bytes for the first ``small`` indices, 256 KiB after."""
+
+    def __init__(self, small: int, n: int) -> None:
+        self.small, self.n = small, n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        return torch.full((4,) if i < self.small else (64, 1024), float(i))
+
+
+@pytest.mark.timeout(60)
+def test_the_recycler_is_left_out_while_batches_are_small_and_back_once_they_grow() -> None:
+    from conveyor.executors.worker import ALLOC_IDLE, ALLOC_RECHECK
+
+    small_batches = ALLOC_IDLE + 8
+    big_batches = 2 * ALLOC_RECHECK
+    ds = Growing(8 * small_batches, 8 * (small_batches + big_batches))
+    with conveyor.DataLoader(ds, batch_size=8, num_workers=0) as loader:
+        it = iter(loader)
+        for k in range(small_batches):
+            assert next(it).shape == (8, 4)
+        assert loader._recycler.asked == 0
+        fetcher = it.pool.local_fetcher()
+        assert fetcher.alloc_idle >= ALLOC_IDLE, "no batch asked: the recycler is left out"
+        for k in range(big_batches):
+            b = next(it)
+            assert torch.equal(b[:, 0, 0], torch.arange(8 * (small_batches + k), 8 * (small_batches + k + 1),
+                                                        dtype=torch.float32)), k
+            del b
+        # the first recheck after the batches grew brought it back, and every batch since used it
+        assert loader._recycler.asked >= big_batches - ALLOC_RECHECK
+        assert fetcher.alloc_idle == 0
+        assert loader._recycler.created < loader._recycler.asked, "buffers came back and were reused"

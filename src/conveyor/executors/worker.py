@@ -157,6 +157,10 @@ WORKER_NICE = int(os.environ.get("CONVEYOR_WORKER_NICE", "5"))
 # MB of freed heap a process worker keeps instead of handing it back to the kernel (0: glibc's
 # own heuristics). See ``steady_malloc``.
 WORKER_HEAP_KEEP_MB = int(os.environ.get("CONVEYOR_WORKER_HEAP_KEEP_MB", "64"))
+# the main process's Recycler is left out after this many batches in a row that gave it no
+# leaf, and tried again on one batch in ALLOC_RECHECK (see ``Fetcher._collate``)
+ALLOC_IDLE = 16
+ALLOC_RECHECK = 64
 
 
 class Fetcher:
@@ -200,6 +204,7 @@ class Fetcher:
         self.watch: tuple[float, Callable[[], float | None]] | None = None
         # where collate puts large leaves: a process worker's slot Writer, the main process's Recycler
         self.alloc: Callable[[tuple[int, ...], Any], Any] | None = None
+        self.alloc_idle = 0  # batches in a row that asked a Recycler ``alloc`` for nothing
         # a thread worker's info is its thread's: its fetch threads are told it too
         self.info = getattr(_thread_info, "info", None) if worker_id is not None else None
         self.set_threads(spec.fetch_threads)
@@ -287,10 +292,26 @@ class Fetcher:
         return self._collate(fn, samples) if fn is not None else samples
 
     def _collate(self, fn: Callable[[Any], Any], samples: Any) -> Any:
-        if self.alloc is None:
+        alloc = self.alloc
+        if alloc is None:
             return fn(samples)
-        with use_allocator(self.alloc):
+        asked = getattr(alloc, "asked", None)  # a Recycler counts the leaves big enough for it
+        if asked is None:
+            with use_allocator(alloc):
+                return fn(samples)
+        # The main process's Recycler only takes leaves of ``min_bytes`` (1 MiB) or more. Batches
+        # that give it none (diabetes: 1 KiB) paid ~1 us a batch to set it up and to check each
+        # leaf against it, and ~5 us in a training loop, step included. After ALLOC_IDLE such
+        # batches in a row it is left out, but for one batch in ALLOC_RECHECK, which brings it
+        # back if batches have grown.
+        idle = self.alloc_idle
+        if idle >= ALLOC_IDLE and idle % ALLOC_RECHECK:
+            self.alloc_idle = idle + 1
             return fn(samples)
+        with use_allocator(alloc):
+            out = fn(samples)
+        self.alloc_idle = 0 if alloc.asked != asked else idle + 1  # type: ignore[attr-defined]
+        return out
 
     def _watched(self, indices: list[int], epoch: int,
                  watch: tuple[float, Callable[[], float | None]]) -> list[Any]:

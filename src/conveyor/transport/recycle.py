@@ -53,6 +53,7 @@ class Recycler:
         # fast batches are made once memory is reused (the adaptive probe leaves it out)
         self.fresh_s = 0.0
         self.created = 0  # buffers made (the rest of the allocations reused one)
+        self.asked = 0  # leaves of min_bytes or more asked for (a fetcher skips it while none come)
 
     def alloc(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray | None:
         nbytes = dtype.itemsize
@@ -60,6 +61,7 @@ class Recycler:
             nbytes *= d
         if nbytes < self.min_bytes:
             return None
+        self.asked += 1
         mem = None
         with self.lock:
             self._take_returned()
