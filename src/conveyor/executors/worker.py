@@ -301,7 +301,7 @@ class Fetcher:
                 return fn(samples)
         # The main process's Recycler only takes leaves of ``min_bytes`` (1 MiB) or more. Batches
         # that give it none (diabetes: 1 KiB) paid ~1 us a batch to set it up and to check each
-        # leaf against it, and ~5 us in a training loop, step included. After ALLOC_IDLE such
+        # leaf against it, and 2-5 us of next() in a training loop. After ALLOC_IDLE such
         # batches in a row it is left out, but for one batch in ALLOC_RECHECK, which brings it
         # back if batches have grown.
         idle = self.alloc_idle
