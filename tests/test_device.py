@@ -176,6 +176,68 @@ def test_slot_pinner_covers_only_whole_ranges() -> None:
     assert not pinner.covers(10, 1)
 
 
+class Fence:
+    """A stand-in for a CUDA event: passed once ``done`` is set."""
+
+    def __init__(self) -> None:
+        self.done = False
+
+    def query(self) -> bool:
+        return self.done
+
+
+class FencingPinner:
+    def __init__(self, fences: bool) -> None:
+        self.made: list[Fence] = []
+        self.fences = fences
+
+    def register(self, segment: Any) -> bool:
+        return True
+
+    def unregister(self, segment: Any, *, sync: bool = False) -> None:
+        pass
+
+    def fence(self) -> Fence | None:
+        if not self.fences:
+            return None
+        self.made.append(Fence())
+        return self.made[-1]
+
+
+@pytest.mark.parametrize("fences", [True, False])
+def test_a_freed_slot_goes_back_only_once_its_fence_has_passed(fences: bool) -> None:
+    from conveyor.transport import Views
+    from conveyor.transport.segment import Segment, new_prefix
+
+    segs = [Segment.create(new_prefix() + f"fence{i}", 1 << 16) for i in range(2)]
+    pinner = FencingPinner(fences)
+    views = Views(pinner)
+    try:
+        first = views.root((0, 0, 0), segs[0].name)
+        assert views.take_freed() == []
+        del first
+        gc.collect()
+        if not fences:  # no registered slot, no CUDA: back at once
+            assert views.take_freed() == [(0, 0, 0)]
+            return
+        assert views.take_freed() == []  # a copy queued before this point may still read it
+        second = views.root((0, 0, 1), segs[1].name)
+        del second
+        gc.collect()
+        assert views.take_freed() == []
+        assert len(pinner.made) == 2
+        pinner.made[1].done = True
+        assert views.take_freed() == []  # oldest first: the first fence holds the second
+        pinner.made[0].done = True
+        assert views.take_freed() == [(0, 0, 0), (0, 0, 1)]
+        assert views.take_freed() == []
+    finally:
+        views.close()
+        for seg in segs:
+            seg.unlink()
+            seg.close()
+
+
 def test_to_device_keeps_structure_and_moves_every_kind_of_leaf() -> None:
     batch = nested(3)
     batch["plain"] = PlainTo(1)
@@ -562,6 +624,83 @@ def test_cuda_prefetcher_reraises_and_keeps_state() -> None:
         it = iter(pf)
         next(it), next(it)
         assert pf.state_dict()["batches"] == 2
+
+
+class Filled:
+    """Sample i: ``width`` float32 values, all equal to i (a batch of 4 is 1 MiB: it travels in a slot)."""
+
+    def __init__(self, n: int, width: int = 1 << 16) -> None:
+        self.n = n
+        self.width = width
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        return np.full(self.width, i, dtype=np.float32)
+
+
+def first_values(batch: torch.Tensor) -> list[float]:
+    assert bool((batch == batch[:, :1]).all()), "a sample mixes values of two batches"
+    return batch[:, 0].tolist()
+
+
+@needs_cuda
+@pytest.mark.timeout(120)
+def test_worker_batches_arrive_pinned_in_registered_slots() -> None:
+    ds = Filled(48)
+    # adaptive=False: batches this cheap would otherwise be made in the main process
+    loader = DataLoader(ds, batch_size=4, num_workers=2, pin_memory=True, persistent_workers=True, adaptive=False)
+    pinner = loader._slot_pinner
+    for _ in range(2):
+        got = []
+        for batch in loader:
+            assert batch.is_pinned()
+            storage = batch.untyped_storage()
+            assert pinner.covers(storage.data_ptr(), storage.nbytes()), "pinned by a copy, not in its slot"
+            got.append(first_values(batch))
+        assert got == [[float(4 * b + j) for j in range(4)] for b in range(12)]
+    assert pinner.registered_bytes > 0
+    loader.close()
+    assert pinner.registered_bytes == 0
+
+
+@needs_cuda
+@pytest.mark.timeout(120)
+def test_a_slot_is_not_rewritten_while_a_queued_copy_still_reads_it() -> None:
+    # the GPU runs far behind: each copy waits behind a sleep kernel while the loop drops
+    # the host batch and asks for the next, and the worker refills whatever slot it gets back
+    loader = DataLoader(Filled(64), batch_size=4, num_workers=1, pin_memory=True, prefetch_factor=2, adaptive=False)
+    outs = []
+    for batch in loader:
+        torch.cuda._sleep(20_000_000)
+        outs.append(batch.to("cuda", non_blocking=True))
+        del batch
+    torch.cuda.synchronize()
+    assert [first_values(o.cpu()) for o in outs] == [[float(4 * b + j) for j in range(4)] for b in range(16)]
+    loader.close()
+
+
+@needs_cuda
+@pytest.mark.timeout(120)
+def test_loader_with_cuda_device_and_workers_matches_the_host_batches() -> None:
+    args: dict[str, Any] = {"batch_size": 4, "num_workers": 2, "shuffle": True, "persistent_workers": True,
+                            "adaptive": False}
+    loader = DataLoader(Filled(40), pin_memory=True, device="cuda", generator=torch.Generator().manual_seed(3),
+                        **args)
+    # the same loader without the device stage (persistent workers draw epochs as torch's do, so
+    # a loader without workers is no reference after the first)
+    host = DataLoader(Filled(40), generator=torch.Generator().manual_seed(3), **args)
+    for _ in range(2):
+        got = []
+        for batch in loader:
+            assert batch.is_cuda
+            torch.cuda._sleep(5_000_000)  # the consumer stream lags behind the side stream's copies
+            got.append(first_values((batch * 1).cpu()))
+        assert got == [first_values(b) for b in host]
+    loader.close()
+    host.close()
+    assert loader._slot_pinner.registered_bytes == 0
 
 
 def test_two_live_iterators_with_device_stay_independent() -> None:

@@ -176,8 +176,8 @@ class SlotPinner:
     batches fall back to :func:`pin`.
 
     >>> pinner = SlotPinner()
-    >>> pinner.register(bytearray(4096))  # False on a machine without CUDA
-    False
+    >>> pinner.register(bytearray(4096)) == cuda_ready()  # registered where CUDA is usable
+    True
     >>> pinner({"x": 1})
     {'x': 1}
     >>> pinner.close()
@@ -185,6 +185,8 @@ class SlotPinner:
 
     def __init__(self, *, max_bytes: int | None = None) -> None:
         self.max_bytes = max_bytes
+        # fence(): off where a DevicePrefetcher keeps each host batch until its own copy is done
+        self.fences = True
         self.spans: dict[int, tuple[int, int]] = {}  # id(segment) -> (address, size)
         self.registered_bytes = 0
         self.failed: str | None = None  # why registration was given up
@@ -229,6 +231,23 @@ class SlotPinner:
         if sync and cuda_ready():
             sys.modules["torch"].cuda.synchronize()
         unregister_pinned(span[0])
+
+    def fence(self) -> Any:
+        """A CUDA event recorded now on the current stream, or None (nothing registered, no CUDA).
+
+        A registered slot whose views were all dropped goes back to its worker only once
+        such an event has passed: a ``.to("cuda", non_blocking=True)`` queued from the slot
+        on this stream still reads it, and the worker must not write the next batch there
+        first. torch's pinned allocator gives its own blocks the same guarantee by
+        recording an event on the copy's stream; memory registered with
+        ``cudaHostRegister`` gets none from torch. Copies queued on another stream than
+        the one current where the loader's ``next()`` runs are not covered.
+        """
+        if not self.fences or not self.spans or not cuda_ready():
+            return None
+        event = sys.modules["torch"].cuda.Event()
+        event.record()
+        return event
 
     def _index(self) -> None:
         ordered = sorted(self.spans.values())

@@ -418,6 +418,8 @@ class DataLoader(Generic[T]):
                 loader = me()
                 return loader._position() if loader is not None else None
 
+            if self._slot_pinner is not None:
+                self._slot_pinner.fences = False  # the stage keeps each host batch until its copy ends
             self._device_stage = DevicePrefetcher(
                 weakref.proxy(self), device, depth=depth, pinner=self._slot_pinner or pin,
                 track_state=True, state_fn=position)

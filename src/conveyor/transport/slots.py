@@ -191,6 +191,8 @@ class Views:
         self.pinner = pinner  # registers each mapped slot with CUDA once (pin_memory=True)
         self.segments: dict[tuple[int, int, int], Segment] = {}  # (worker, gen, slot) -> segment
         self.freed: collections.deque[tuple[int, int, int]] = collections.deque()
+        # freed slots held back until a CUDA event passes (SlotPinner.fence): oldest first
+        self.fenced: collections.deque[tuple[Any, list[tuple[int, int, int]]]] = collections.deque()
         self.closed = False
 
     def root(self, key: tuple[int, int, int], name: str) -> np.ndarray:
@@ -215,10 +217,21 @@ class Views:
                 self.pinner.register(self.segments[key])
 
     def take_freed(self) -> list[tuple[int, int, int]]:
-        out = []
+        """Slots whose views are gone and that no queued device copy may still read."""
+        out: list[tuple[int, int, int]] = []
+        fenced = self.fenced
+        while fenced and fenced[0][0].query():
+            out += fenced.popleft()[1]
         freed = self.freed
-        while freed:
-            out.append(freed.popleft())
+        if freed:
+            keys = []
+            while freed:
+                keys.append(freed.popleft())
+            event = self.pinner.fence() if self.pinner is not None else None
+            if event is None:
+                out += keys
+            else:
+                fenced.append((event, keys))
         return out
 
     def retire(self, worker: int, gen: int, ids: list[int]) -> None:
@@ -238,6 +251,7 @@ class Views:
 
     def close(self) -> None:
         self.closed = True
+        self.fenced.clear()  # the unmapping below waits for the device
         for seg in self.segments.values():
             self._unmap(seg, sync=True)
         self.segments.clear()
