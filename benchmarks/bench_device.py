@@ -13,7 +13,13 @@
    costs some CPU (numpy filtering of a 3x96x96 image). Every step ends with
    ``loss.item()``, as a training loop that logs its loss does.
 
-2. Host-to-device copies of 64x3x224x224 batches (uint8 and float32), in GB/s:
+2. The same CNN fed by loaders with workers, every batch copied with
+   ``non_blocking=True`` and no ``.item()`` per step (the GPU may run behind):
+   torch's DataLoader with 4 and with one worker per CPU, conveyor's with 4
+   workers (``pin_memory=True``, then ``device="cuda"``) and with
+   ``num_workers="auto"``. Samples per second, median of alternated runs.
+
+3. Host-to-device copies of 64x3x224x224 batches (uint8 and float32), in GB/s:
    pageable ``.to("cuda")``; an already pinned tensor with
    ``non_blocking=True``; ``pin_memory()`` then the copy (torch's
    ``pin_memory=True``: one more host copy per batch); and a view over a
@@ -30,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import sys
 import time
@@ -121,6 +128,55 @@ def train(batch_size: int, steps: int, asynchronous: bool) -> dict[str, float]:
     return {"total_per_sample": total / n, "load_per_sample": waiting / n, "samples": n}
 
 
+CPUS = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+LOADERS = {
+    "torch, 4 workers, pin_memory": ("torch", {"num_workers": 4, "pin_memory": True}),
+    f"torch, {CPUS} workers, pin_memory": ("torch", {"num_workers": CPUS, "pin_memory": True}),
+    "conveyor, 4 workers, pin_memory": ("conveyor", {"num_workers": 4, "pin_memory": True}),
+    "conveyor, 4 workers, device='cuda'": ("conveyor", {"num_workers": 4, "pin_memory": True, "device": "cuda"}),
+    "conveyor, auto, device='cuda'": ("conveyor", {"num_workers": "auto", "pin_memory": True, "device": "cuda"}),
+}
+
+
+def train_with(kind: str, kwargs: dict[str, Any], batch_size: int, steps: int) -> dict[str, float]:
+    """The small CNN fed by a loader with workers: seconds from ``iter()`` to the last step's end."""
+    import torch
+
+    import conveyor
+
+    torch.manual_seed(0)
+    model = small_cnn().cuda()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    loss_fn = torch.nn.CrossEntropyLoss()
+    cls = torch.utils.data.DataLoader if kind == "torch" else conveyor.DataLoader
+    loader = cls(Images(batch_size * steps, work=3), batch_size=batch_size, **kwargs)
+    x = torch.zeros(batch_size, 3, 96, 96, device="cuda")  # warm up kernels and the allocator
+    loss_fn(model(x), torch.zeros(batch_size, dtype=torch.long, device="cuda")).backward()
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    first = 0.0
+    n = 0
+    for x, y in loader:
+        if not first:
+            first = time.perf_counter() - start
+        x, y = x.cuda(non_blocking=True), y.cuda(non_blocking=True)
+        opt.zero_grad(set_to_none=True)
+        loss = loss_fn(model(x), y)
+        loss.backward()
+        opt.step()
+        n += int(x.shape[0])
+    torch.cuda.synchronize()
+    total = time.perf_counter() - start
+    out = {"seconds": total, "first_batch_s": first, "samples_per_s": n / total, "samples": n}
+    if kind == "conveyor":
+        tuning = loader.tuning()
+        if tuning is not None:
+            out["choice"] = {k: tuning.get(k) for k in ("num_workers", "fetch_threads", "prefetch_factor")}
+        out["wait_fraction"] = loader.stats().get("wait_fraction")
+        loader.close()
+    return out
+
+
 def bandwidth(dtype_name: str, reps: int) -> dict[str, float]:
     import torch
 
@@ -171,6 +227,9 @@ def main() -> int:
     p.add_argument("--steps", type=int, default=60)
     p.add_argument("--reps", type=int, default=20)
     p.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 2, 3, 4])
+    p.add_argument("--loader-batch", type=int, default=64)
+    p.add_argument("--loader-steps", type=int, default=120)
+    p.add_argument("--loader-repeats", type=int, default=3)
     args = p.parse_args()
     try:
         import torch
@@ -189,6 +248,17 @@ def main() -> int:
         print(f"batch {bs}: sequential {seq['total_per_sample'] * 1e3:.3f} ms/sample "
               f"(load {seq['load_per_sample'] * 1e3:.3f}), asynchronous {asy['total_per_sample'] * 1e3:.3f} "
               f"(load {asy['load_per_sample'] * 1e3:.3f})", flush=True)
+    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in LOADERS}
+    for _ in range(args.loader_repeats):  # loaders alternate, so a drift of the host hits all alike
+        for name, (kind, kwargs) in LOADERS.items():
+            r = train_with(kind, kwargs, args.loader_batch, args.loader_steps)
+            runs[name].append(r)
+            print(f"{name}: {r['samples_per_s']:.0f} samples/s, first batch "
+                  f"{r['first_batch_s']:.2f} s {r.get('choice') or ''}", flush=True)
+    fed = {}
+    for name, rs in runs.items():
+        mid = sorted(rs, key=lambda r: r["samples_per_s"])[len(rs) // 2]
+        fed[name] = dict(mid, all_samples_per_s=[r["samples_per_s"] for r in rs])
     bw = {name: bandwidth(name, args.reps) for name in ("uint8", "float32")}
     for name, r in bw.items():
         print(f"{name}: " + ", ".join(f"{k} {v:.2f}" for k, v in r.items() if isinstance(v, float)), flush=True)
@@ -196,7 +266,8 @@ def main() -> int:
     meta = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
             "python": platform.python_version(), "steps": args.steps, "reps": args.reps}
     RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "device.json").write_text(json.dumps({"meta": meta, "train": table, "h2d_gbps": bw}, indent=2))
+    (RESULTS / "device.json").write_text(json.dumps({"meta": meta, "train": table, "h2d_gbps": bw,
+                                                     "loaders": fed}, indent=2))
     lines = [
         "# Device stage", "",
         f"{meta['device']}, torch {meta['torch']}, Python {meta['python']}; {args.steps} steps of a small CNN "
@@ -209,6 +280,16 @@ def main() -> int:
         s, a = r["sequential"], r["asynchronous"]
         lines.append(f"| Batch {bs} | {s['total_per_sample'] * 1e3:.3f} | {s['load_per_sample'] * 1e3:.3f} | "
                      f"{a['total_per_sample'] * 1e3:.3f} | {a['load_per_sample'] * 1e3:.3f} |")
+    base = fed["torch, 4 workers, pin_memory"]["samples_per_s"]
+    lines += ["", f"The same CNN fed by loaders with workers: batch {args.loader_batch}, "
+              f"{args.loader_steps} steps, from `iter()` to the last step's end ({CPUS} CPUs); the "
+              f"median of {args.loader_repeats} alternated runs, every run in the last column:", "",
+              "| Loader | Samples/s | x torch (4 workers) | First batch (s) | Runs |", "|---|---|---|---|---|"]
+    for name, r in fed.items():
+        each = ", ".join(f"{v:.0f}" for v in r["all_samples_per_s"])
+        lines.append(f"| {name} | {r['samples_per_s']:.0f} | {r['samples_per_s'] / base:.2f} | "
+                     f"{r['first_batch_s']:.2f} | {each} |")
+    lines += [f"\n`auto` chose {r['choice']}." for r in fed.values() if r.get("choice")]
     lines += ["", "Host-to-device copies of one 64x3x224x224 batch, GB/s:", "",
               "| dtype | MB | pageable | pinned | pin_memory() + copy | registered shm slot |",
               "|---|---|---|---|---|---|"]
