@@ -99,6 +99,25 @@ def test_seed_gives_same_batches_for_any_execution(cfg: tuple[Any, ...], dataset
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.parametrize("worker_type", ["process", "thread"])
+def test_persistent_workers_keep_a_seeds_epochs_and_a_generators_follow_torch(worker_type: str) -> None:
+    # seed mode: epochs are a function of (seed, epoch) whatever the workers' lifetime.
+    # torch mode: torch draws each iterator's base seed from the generator, and persistent
+    # workers make one iterator for every epoch: from the second epoch on, the order differs
+    # from a loader without persistent workers, in torch and in conveyor alike.
+    kw: dict[str, Any] = {"num_workers": 2, "worker_type": worker_type, "persistent_workers": True,
+                          "adaptive": False}
+    ref = epochs(make(Noisy(), None, seed=7), 3)
+    got = epochs(DataLoader(Noisy(), **BASE, **kw, seed=7), 3)
+    for e in range(3):
+        same_epochs(ref[e], got[e])
+    alone = epochs(make(Noisy(), None, generator=torch.Generator().manual_seed(11)), 3)
+    persistent = epochs(DataLoader(Noisy(), **BASE, **kw, generator=torch.Generator().manual_seed(11)), 3)
+    same_epochs(alone[0], persistent[0])
+    assert not all(torch.equal(a, b) for a, b in zip(alone[1], persistent[1]))
+
+
+@pytest.mark.timeout(60)
 @pytest.mark.parametrize("cfg", [CONFIGS[1], CONFIGS[6]], ids=_ids)
 def test_generator_gives_same_batches_for_any_execution(cfg: tuple[Any, ...]) -> None:
     ref = epochs(make(Noisy(), None, generator=torch.Generator().manual_seed(11)))
