@@ -168,6 +168,16 @@ class _Trainer:
         return batch
 
 
+def _drop_a_loader_in_a_cycle() -> None:
+    """Iterate a loader with persistent workers held in a user's reference cycle, drop it,
+    collect as the user would, and check its workers end."""
+    t = _Trainer(num_workers=2, persistent_workers=True, **WORKERS)
+    assert len(list(t.loader)) > 0
+    del t
+    gc.collect()
+    assert wait_until(lambda: not children(), 10), f"workers of a dropped loader stay: {children()}"
+
+
 @pytest.mark.timeout(120)
 def test_dropped_persistent_loaders_do_not_pile_up() -> None:
     # with device= the loader and its device stage used to form a cycle, and any cycle is
@@ -182,11 +192,7 @@ def test_dropped_persistent_loaders_do_not_pile_up() -> None:
         del loader
         assert wait_until(lambda: not children(), 10), f"workers left: {children()}"
     for _ in range(3):
-        t = _Trainer(num_workers=2, persistent_workers=True, **WORKERS)
-        assert len(list(t.loader)) > 0
-        del t
-        gc.collect()
-        assert wait_until(lambda: not children(), 10), f"workers of a dropped loader stay: {children()}"
+        _drop_a_loader_in_a_cycle()
         assert gc.get_freeze_count() == 0  # the last pool holding the freeze is gone
     gc.unfreeze()
     gc.collect()
@@ -208,11 +214,7 @@ def test_objects_the_interpreter_froze_itself_do_not_pass_for_a_users_freeze(mon
     try:
         monkeypatch.setattr(processes, "_FROZEN_AT_START", gc.get_freeze_count())
         for _ in range(2):
-            t = _Trainer(num_workers=2, persistent_workers=True, **WORKERS)
-            assert len(list(t.loader)) > 0
-            del t
-            gc.collect()
-            assert wait_until(lambda: not children(), 10), f"workers of a dropped loader stay: {children()}"
+            _drop_a_loader_in_a_cycle()
     finally:
         gc.unfreeze()
         del held
