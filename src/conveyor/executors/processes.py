@@ -539,10 +539,11 @@ def _result(fields: tuple[Any, ...]) -> Result:
 _freezes = 0
 _user_froze = False
 # Python 3.12's collector keeps immortal objects in the frozen generation: 375 at start on
-# 3.12.1, back after every collection even once unfrozen (3.11 and 3.13 start with none). Counted as the user's freeze, they kept every freeze of ours in
-# place for good, and loaders dropped in a reference cycle were never collected. Only a
-# count above this baseline is the user's. (A user who froze before importing conveyor on
-# 3.12 is then taken for one who did not: the last pool's close unfreezes their objects too.)
+# 3.12.1, back after every collection even once unfrozen (3.11 and 3.13 start with none).
+# Counted as the user's freeze, they kept every freeze of ours in place for good, and
+# loaders dropped in a reference cycle were never collected. Only a count above this
+# baseline is the user's. (A user who froze before importing conveyor on 3.12 is then
+# taken for one who did not: the last pool's close unfreezes their objects too.)
 _FROZEN_AT_START = gc.get_freeze_count() if sys.version_info[:2] == (3, 12) and hasattr(gc, "freeze") else 0
 
 
