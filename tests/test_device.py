@@ -486,6 +486,19 @@ def test_cuda_device_without_cuda_is_refused() -> None:
         DevicePrefetcher([1], "cuda")
 
 
+@pytest.mark.skipif(CUDA, reason="checks the behaviour without CUDA")
+def test_loader_to_a_cuda_device_without_cuda_is_refused_without_a_pin_memory_warning() -> None:
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the user did not ask for pin_memory: no word of it
+        with pytest.raises(RuntimeError, match="CUDA is not available"):
+            DataLoader(list(range(8)), batch_size=2, device="cuda")
+        assert DataLoader(list(range(8)), batch_size=2, device="cpu")._slot_pinner is None
+    with pytest.warns(UserWarning, match="pin_memory"):
+        DataLoader(list(range(8)), batch_size=2, device="cpu", pin_memory=True)
+
+
 @pytest.mark.timeout(60)
 def test_imports_and_works_without_torch() -> None:
     code = textwrap.dedent("""
@@ -683,11 +696,12 @@ def test_a_slot_is_not_rewritten_while_a_queued_copy_still_reads_it() -> None:
 
 @needs_cuda
 @pytest.mark.timeout(120)
-def test_loader_with_cuda_device_and_workers_matches_the_host_batches() -> None:
+@pytest.mark.parametrize("pin_memory", [True, False])
+def test_loader_with_cuda_device_and_workers_matches_the_host_batches(pin_memory: bool) -> None:
     args: dict[str, Any] = {"batch_size": 4, "num_workers": 2, "shuffle": True, "persistent_workers": True,
                             "adaptive": False}
-    loader = DataLoader(Filled(40), pin_memory=True, device="cuda", generator=torch.Generator().manual_seed(3),
-                        **args)
+    loader = DataLoader(Filled(40), pin_memory=pin_memory, device="cuda",
+                        generator=torch.Generator().manual_seed(3), **args)
     # the same loader without the device stage (persistent workers draw epochs as torch's do, so
     # a loader without workers is no reference after the first)
     host = DataLoader(Filled(40), generator=torch.Generator().manual_seed(3), **args)
@@ -698,6 +712,8 @@ def test_loader_with_cuda_device_and_workers_matches_the_host_batches() -> None:
             torch.cuda._sleep(5_000_000)  # the consumer stream lags behind the side stream's copies
             got.append(first_values((batch * 1).cpu()))
         assert got == [first_values(b) for b in host]
+        # copied from the slots themselves, pinned once: pin_memory or not
+        assert loader._slot_pinner.registered_bytes > 0
     loader.close()
     host.close()
     assert loader._slot_pinner.registered_bytes == 0

@@ -156,7 +156,9 @@ class DataLoader(Generic[T]):
       that is killed and replaced (counted against ``max_worker_restarts``) instead of
       raising;
     * ``device`` / ``device_depth``: batches arrive already on ``device`` (e.g. ``"cuda"``),
-      copied ``device_depth`` ahead on a side stream (see ``DevicePrefetcher``);
+      copied ``device_depth`` ahead on a side stream (see ``DevicePrefetcher``); on a CUDA
+      device, process workers' batches are copied from their page-locked slots, with or
+      without ``pin_memory``;
     * ``adaptive``: batches that cost less in the main process than a trip from a
       worker (tiny samples) are made in the main process, and workers start only
       when they pay off. ``False`` always uses the workers.
@@ -2039,16 +2041,29 @@ def _batch_size(loader: DataLoader[Any], r: Result) -> int:
 
 
 def _pinner(loader: DataLoader[Any]) -> Callable[[Any], Any] | None:
-    if not loader.pin_memory:
+    """The SlotPinner of ``pin_memory=True``, or of ``device=`` a CUDA device: batches from
+    process workers are then page-locked where they lie, in their registered slots, and the
+    device stage copies them without first copying them into pinned memory (5-8 against
+    54 GB/s for a 64x3x224x224 batch on an H200)."""
+    torch = _torch.get() if loader.pin_memory or loader._device_args is not None else None
+    to_cuda = torch is not None and loader._device_args is not None and _is_cuda(torch, loader._device_args[0])
+    if not (loader.pin_memory or to_cuda):
         return None
-    torch = _torch.get()
     if torch is None or not torch.cuda.is_available():
-        warnings.warn("'pin_memory' argument is set as true but no accelerator is found, then device "
-                      "pinned memory won't be used.", stacklevel=4)
-        return None
+        if loader.pin_memory:
+            warnings.warn("'pin_memory' argument is set as true but no accelerator is found, then device "
+                          "pinned memory won't be used.", stacklevel=4)
+        return None  # (device= a CUDA device without CUDA is refused by the device stage)
     from .device import SlotPinner
 
     return SlotPinner()
+
+
+def _is_cuda(torch: Any, device: Any) -> bool:
+    try:
+        return bool(torch.device(device).type == "cuda")
+    except (RuntimeError, TypeError, ValueError):
+        return False  # the device stage names what is wrong with it
 
 
 if sys.version_info < (3, 11):  # pragma: no cover
