@@ -1011,8 +1011,11 @@ class _Pool:
         Threads start at the count that ran, which ThreadSteer may have kept above the wish."""
         auto = self.auto or {}
         kept = tuner.decision()
-        if auto.get("fetch_threads") and not self.keeps_files():
-            self.threads = tuner.threads_run or kept.fetch_threads
+        if auto.get("fetch_threads"):
+            threads = tuner.threads_run or kept.fetch_threads
+            # the census of open files (~60 us an epoch) only matters for more than one thread
+            if threads <= 1 or not self.keeps_files():
+                self.threads = threads
         if auto.get("prefetch_factor") and kept.prefetch_factor:
             self.prefetch = kept.prefetch_factor
         if auto.get("num_workers"):
@@ -1021,7 +1024,8 @@ class _Pool:
             # not run again: with workers, the workers make every batch, as torch's would
             self.mode = "workers" if self.num_workers else "inline"
             self.adaptive = False
-        self.spec = dataclasses.replace(self.spec, fetch_threads=self.threads, num_workers=self.num_workers)
+        if (self.spec.fetch_threads, self.spec.num_workers) != (self.threads, self.num_workers):
+            self.spec = dataclasses.replace(self.spec, fetch_threads=self.threads, num_workers=self.num_workers)
 
     @property
     def started(self) -> bool:
