@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -30,7 +31,7 @@ def test_help_explains_both_commands(tmp_path: Path) -> None:
     out = conveyor("--help", cwd=tmp_path, timeout=50)
     assert out.returncode == 0, out.stderr
     assert "demo" in out.stdout and "tune" in out.stdout and "MODULE:FACTORY" in out.stdout
-    for command, words in (("demo", ["--workers", "--epochs", "--out", "--quick"]),
+    for command, words in (("demo", ["--workers", "--epochs", "--out", "--quick", "--repeats"]),
                            ("tune", ["--batch-size", "--workers", "--fetch-threads", "--batches"])):
         sub = conveyor(command, "--help", cwd=tmp_path, timeout=50)
         assert sub.returncode == 0, sub.stderr
@@ -41,6 +42,9 @@ def test_help_explains_both_commands(tmp_path: Path) -> None:
 def test_parser_rejects_bad_lists() -> None:
     with pytest.raises(SystemExit):
         cli.main(["demo", "--workers", "0,x"])
+    for bad in (["--repeats", "0"], ["--epochs", "0"]):
+        with pytest.raises(SystemExit):
+            cli.main(["demo", *bad])
     with pytest.raises(SystemExit):
         cli.main(["tune", "m:f", "--batch-size", "4", "--fetch-threads", "0"])
 
@@ -61,6 +65,25 @@ def test_demo_quick_writes_the_trace(tmp_path: Path) -> None:
     doc = json.loads((out_dir / "trace.json").read_text())
     assert any(e["ph"] == "X" and e["name"] == "fetch" for e in doc["traceEvents"])
     assert any(e["ph"] == "X" and e["name"] == "step" for e in doc["traceEvents"])
+
+
+@pytest.mark.timeout(300)
+def test_demo_reports_the_fastest_of_its_repeats(tmp_path: Path) -> None:
+    out = conveyor("demo", "--workers", "0", "--epochs", "1", "--repeats", "2", "--out", str(tmp_path / "o"),
+                   cwd=tmp_path, timeout=280)
+    assert out.returncode == 0, out.stdout + out.stderr
+    text = out.stdout
+    assert "each row: the fastest of 2 runs" in text
+    progress = {}
+    for line in text.splitlines():
+        m = re.match(r"\s+(torch|conveyor)\s+num_workers=0: ([0-9.]+) s \(runs ([0-9.]+), ([0-9.]+)\)$", line)
+        if m:
+            progress[m[1]] = (float(m[2]), float(m[3]), float(m[4]))
+    assert set(progress) == {"torch", "conveyor"}, text
+    table = {r[0]: float(r[2]) for r in (line.split() for line in text.splitlines())
+             if len(r) == 5 and r[0] in ("torch", "conveyor") and r[1] == "0"}
+    for name, (shown, a, b) in progress.items():
+        assert shown == min(a, b) == table[name]
 
 
 @pytest.mark.timeout(300)
