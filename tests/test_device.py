@@ -203,6 +203,9 @@ class FencingPinner:
         self.made.append(Fence())
         return self.made[-1]
 
+    def __call__(self, batch: Any) -> Any:  # pinning each batch: nothing to do here
+        return batch
+
 
 @pytest.mark.parametrize("fences", [True, False])
 def test_a_freed_slot_goes_back_only_once_its_fence_has_passed(fences: bool) -> None:
@@ -637,6 +640,28 @@ def test_cuda_prefetcher_reraises_and_keeps_state() -> None:
         it = iter(pf)
         next(it), next(it)
         assert pf.state_dict()["batches"] == 2
+
+
+@pytest.mark.timeout(120)
+def test_slots_held_by_fences_cost_new_slots_not_batches() -> None:
+    # the loader with its pinner stood in by one whose fences pass only when the test says:
+    # while the "device" lags, the worker gets no slot back and makes new ones; every batch
+    # arrives whole and in order, and once the fences pass the slots are reused again
+    pinner = FencingPinner(True)
+    loader = DataLoader(Filled(96), batch_size=4, num_workers=1, adaptive=False, prefetch_factor=2)
+    loader._slot_pinner = pinner  # read when the epoch's workers start
+    got, slots = [], []
+    for i, batch in enumerate(loader):
+        got.append(first_values(batch))
+        del batch
+        slots.append(len(loader._last_pool.executor.views.segments))
+        if i >= 9:  # the device catches up, and then keeps up
+            for fence in pinner.made:
+                fence.done = True
+    assert got == [[float(4 * b + j) for j in range(4)] for b in range(24)]
+    assert slots[9] >= 10  # none of the first ten batches' slots came back while fenced
+    assert max(slots[12:]) <= slots[12]  # reused again: no new slot after the fences passed
+    loader.close()
 
 
 class Filled:
