@@ -323,13 +323,16 @@ def test_a_settled_choice_carries_to_the_next_epoch_without_persistent_workers(p
     with DataLoader(Tiny(), batch_size=16, num_workers="auto", output="numpy") as loader:
         first = _all(loader)
         chosen = loader.tuning()
+        pool = loader._last_pool
         second = _all(loader)
         kept = loader.tuning()
         stats = loader.stats()
     assert np.array_equal(first, np.arange(512)) and np.array_equal(second, np.arange(512))
     assert probed == [0, 1]  # the first epoch's two probing batches, none after
     assert chosen is not None and chosen["num_workers"] == 0 and kept == chosen
-    assert stats["main_process_batches"] == 512 // 16 and not stats["workers_started"]
+    # no workers, pinned: one main-process pool serves both epochs, as without "auto"
+    assert loader._last_pool is pool
+    assert stats["main_process_batches"] == 2 * (512 // 16) and not stats["workers_started"]
 
 
 @pytest.mark.timeout(60)
