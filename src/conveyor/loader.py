@@ -523,7 +523,9 @@ class DataLoader(Generic[T]):
         """The pool of a run without workers. One made in the main process alone (no workers,
         no "auto", no fetch threads, a map-style dataset) holds nothing to close and serves
         every epoch: making it cost ~15 us an epoch, a real share of an epoch of in-memory
-        arrays. Setting any public attribute of the loader drops it (see ``__setattr__``)."""
+        arrays. So does an "auto" pool once its choice of the main process is pinned
+        (``_Pool.serves_every_epoch``). Setting any public attribute of the loader drops it
+        (see ``__setattr__``)."""
         shareable = (self.num_workers == 0 and self._auto is None and self.fetch_threads == 1
                      and not self._iterable)
         if not shareable:
