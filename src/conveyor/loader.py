@@ -1015,7 +1015,7 @@ class _Pool:
         """Is this an "auto" pool that settled on the main process for good (its choice of no
         workers and one thread pinned, no worker ever started)? Such a pool holds nothing an
         epoch must renew, so later epochs share it, as a loader without workers shares its
-        own: making and closing one cost "auto" ~100 us an epoch (~1% of diabetes_train)."""
+        own: making and closing one cost "auto" ~100 us an epoch."""
         tuner = self.tuner
         return (self.auto is not None and tuner is not None and tuner.pinned and self.mode == "inline"
                 and self.num_workers == 0 and self.threads == 1 and not self.launched and not self.dead
