@@ -237,3 +237,12 @@ def test_a_worker_core_share_comes_from_its_spans_not_a_batch_interval() -> None
         for s in snaps(spans):
             tuner.observe(s)
         assert tuner.decision().fetch_threads == threads, (spans, tuner.decision())
+
+
+def test_ram_budget_is_bytes_none_or_auto() -> None:
+    with pytest.raises(ValueError, match="ram"):
+        Tuner(cpu=2, ram="plenty")
+    assert Tuner(cpu=2, ram=None).ram is None
+    assert Tuner(cpu=2, ram=1 << 30).ram == 1 << 30
+    measured = Tuner(cpu=2).ram  # "auto": half of what the machine has available
+    assert measured is None or measured > 0

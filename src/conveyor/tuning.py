@@ -234,7 +234,9 @@ class Tuner:
                  warmup: int = 8, patience: int = 3, settle_after: int = 48, max_threads: int = MAX_THREADS,
                  start: Decision | None = None) -> None:
         self.cpu = cpu if cpu is not None else cpu_budget()
-        self.ram = ram_budget() if ram == "auto" else ram
+        if isinstance(ram, str) and ram != "auto":
+            raise ValueError(f"ram must be a byte count, None or 'auto', but got ram={ram!r}")
+        self._ram = ram  # "auto": read when a decision first needs it (~50 us cold; most never do)
         self.target_wait = target_wait
         self.warmup = warmup
         self.patience = patience
@@ -254,6 +256,13 @@ class Tuner:
         self._probed = False
         self.thread_steer = ThreadSteer()
         self.threads_run: int | None = None  # fetch threads the loader last ran (set by the loader)
+
+    @property
+    def ram(self) -> int | None:
+        """Bytes the loader may add (``ram_budget()`` unless given)."""
+        if isinstance(self._ram, str):
+            self._ram = ram_budget()
+        return self._ram
 
     # -- input --------------------------------------------------------------
     def observe(self, snap: dict[str, Any]) -> None:
