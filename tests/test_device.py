@@ -9,6 +9,7 @@ and skip without one.
 from __future__ import annotations
 
 import gc
+import os
 import subprocess
 import sys
 import textwrap
@@ -742,6 +743,34 @@ def test_loader_with_cuda_device_and_workers_matches_the_host_batches(pin_memory
     loader.close()
     host.close()
     assert loader._slot_pinner.registered_bytes == 0
+
+
+_FORKING_THREADS: list[list[str]] = []  # the threads that forked, while a test listens
+
+
+def _note_forking_thread() -> None:
+    for heard in _FORKING_THREADS:
+        heard.append(threading.current_thread().name)
+
+
+os.register_at_fork(before=_note_forking_thread)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("persistent", [False, True])
+def test_with_a_device_stage_workers_fork_from_the_callers_thread(persistent: bool) -> None:
+    # as torch's loader forks its workers in iter(): not from the device thread while the
+    # caller's thread trains (a fork from a thread leaves the other threads' locks behind)
+    heard: list[str] = []
+    _FORKING_THREADS.append(heard)
+    try:
+        loader = DataLoader(Filled(32, width=4), batch_size=4, num_workers=2, adaptive=False, device="cpu",
+                            persistent_workers=persistent)
+        assert [len(list(loader)) for _ in range(2)] == [8, 8]
+        loader.close()
+    finally:
+        _FORKING_THREADS.remove(heard)
+    assert heard and set(heard) == {threading.main_thread().name}, heard
 
 
 def test_two_live_iterators_with_device_stay_independent() -> None:

@@ -516,6 +516,10 @@ class DataLoader(Generic[T]):
         self._last_pool = pool  # closed with its run; kept for stats()
         if self._device_stage is not None:
             run.pin = None  # the device thread pins (and copies) each batch
+            if pool.mode == "workers" and pool.num_workers and not pool.started and not pool.dead:
+                # workers known to be needed fork here, in the caller's thread, as torch's do
+                # in iter(), not from the device thread while the caller's thread runs on
+                pool.executor  # noqa: B018 - starts them
             return self._device_stage.wrap(run, exclusive=persistent)
         return run
 
