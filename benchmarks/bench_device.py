@@ -231,14 +231,12 @@ def main() -> int:
     p.add_argument("--loader-steps", type=int, default=120)
     p.add_argument("--loader-repeats", type=int, default=3)
     args = p.parse_args()
-    try:
-        import torch
-    except ImportError:
-        print("no CUDA: skipped (torch is not installed)")
-        return 0
-    if not torch.cuda.is_available():
+    from conveyor.device import cuda_ready
+
+    if not cuda_ready(import_torch=True):  # torch missing, or no CUDA
         print("no CUDA: skipped")
         return 0
+    import torch
 
     table = {}
     for bs in args.batch_sizes:
