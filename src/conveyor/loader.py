@@ -532,15 +532,12 @@ class DataLoader(Generic[T]):
         (see ``__setattr__``)."""
         shareable = (self.num_workers == 0 and self._auto is None and self.fetch_threads == 1
                      and not self._iterable)
-        if not shareable:
-            pool = self._inline  # "auto", settled on the main process for good (_Run._finish)
-            if self._auto is not None and pool is not None and pool.serves_every_epoch():
-                pool.base_seed = base_seed
-                return pool
-            return _Pool(self, base_seed)
         pool = self._inline
-        if pool is None or pool.dead:
-            pool = self._inline = _Pool(self, base_seed)
+        if shareable:
+            if pool is None or pool.dead:
+                pool = self._inline = _Pool(self, base_seed)
+        elif pool is None or not pool.serves_every_epoch():  # "auto"'s, handed over by _Run._finish
+            return _Pool(self, base_seed)
         pool.base_seed = base_seed  # torch draws one for every iterator; runs keep their own
         return pool
 
