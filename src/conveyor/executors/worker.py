@@ -295,19 +295,19 @@ class Fetcher:
         alloc = self.alloc
         if alloc is None:
             return fn(samples)
-        asked = getattr(alloc, "asked", None)  # a Recycler counts the leaves big enough for it
-        if asked is None:
-            with use_allocator(alloc):
-                return fn(samples)
         # The main process's Recycler only takes leaves of ``min_bytes`` (1 MiB) or more. Batches
         # that give it none (diabetes: 1 KiB) paid ~1 us a batch to set it up and to check each
         # leaf against it, and 2-5 us of next() in a training loop. After ALLOC_IDLE such
         # batches in a row it is left out, but for one batch in ALLOC_RECHECK, which brings it
-        # back if batches have grown.
+        # back if batches have grown. (Only a Recycler's batches ever count as idle.)
         idle = self.alloc_idle
         if idle >= ALLOC_IDLE and idle % ALLOC_RECHECK:
             self.alloc_idle = idle + 1
             return fn(samples)
+        asked = getattr(alloc, "asked", None)  # a Recycler counts the leaves big enough for it
+        if asked is None:
+            with use_allocator(alloc):
+                return fn(samples)
         with use_allocator(alloc):
             out = fn(samples)
         self.alloc_idle = 0 if alloc.asked != asked else idle + 1  # type: ignore[attr-defined]
