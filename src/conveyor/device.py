@@ -183,10 +183,10 @@ class SlotPinner:
     >>> pinner.close()
     """
 
-    def __init__(self, *, max_bytes: int | None = None) -> None:
+    def __init__(self, *, max_bytes: int | None = None, fences: bool = True) -> None:
         self.max_bytes = max_bytes
         # fence(): off where a DevicePrefetcher keeps each host batch until its own copy is done
-        self.fences = True
+        self.fences = fences
         self.spans: dict[int, tuple[int, int]] = {}  # id(segment) -> (address, size)
         self.registered_bytes = 0
         self.failed: str | None = None  # why registration was given up

@@ -420,8 +420,6 @@ class DataLoader(Generic[T]):
                 loader = me()
                 return loader._position() if loader is not None else None
 
-            if self._slot_pinner is not None:
-                self._slot_pinner.fences = False  # the stage keeps each host batch until its copy ends
             self._device_stage = DevicePrefetcher(
                 weakref.proxy(self), device, depth=depth, pinner=self._slot_pinner or pin,
                 track_state=True, state_fn=position)
@@ -890,8 +888,9 @@ def _cores() -> int:
 def _runqueue_wait() -> float | None:
     """Seconds this thread has spent runnable but not running (preempted), from Linux's
     schedstat; None where that is not available."""
-    # os.open, not open(): no file object to build (the first read in a fresh process cost
-    # ~70 us through open(), ~15 this way; a probing batch reads it at least once)
+    # os.open, not open(): no file object to build. In a freshly forked process open()'s
+    # first call cost 70-80 us, os.open's 8-15 (after the process's first look at
+    # /proc/thread-self, ~60 us either way); each probing batch of "auto" reads it once.
     try:
         fd = os.open("/proc/thread-self/schedstat", os.O_RDONLY)
     except OSError:
@@ -2089,7 +2088,8 @@ def _pinner(loader: DataLoader[Any]) -> Callable[[Any], Any] | None:
         return None  # (device= a CUDA device without CUDA is refused by the device stage)
     from .device import SlotPinner
 
-    return SlotPinner()
+    # the device stage keeps each host batch until its own copy ends: no fences needed there
+    return SlotPinner(fences=loader._device_args is None)
 
 
 def _is_cuda(torch: Any, device: Any) -> bool:
