@@ -73,8 +73,9 @@ def test_tree_map_keeps_other_mappings_when_it_can() -> None:
 
 
 def test_tree_map_asks_the_mapping_abcs_only_about_types_with_items() -> None:
-    """A registered (virtual) Mapping is still walked as one. A leaf without ``items``
-    (a tensor, an array) is never checked against the Mapping ABCs: that check asks every
+    """A registered (virtual) Mapping is still walked as one, a proxy whose ``items`` comes
+    through ``__getattr__`` too. A leaf without either (a tensor, an array) is never checked
+    against the Mapping ABCs: that check asks every
     Mapping subclass in the process, ~230 us the first time a tensor met it in a freshly
     forked process, paid by "auto"'s first probing batch."""
     asked: list[type] = []
@@ -97,8 +98,18 @@ def test_tree_map_asks_the_mapping_abcs_only_about_types_with_items() -> None:
         def items(self) -> Any:
             return self._items.items()
 
+    class Proxy:  # registered too, its items() found through __getattr__ on the instance
+        def __init__(self, target: dict[str, Any]) -> None:
+            self._target = target
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self._target, name)
+
     Mapping.register(Virtual)
+    Mapping.register(Proxy)
     assert tree_map(lambda x: x * 2, Virtual(a=1)) == {"a": 2}  # made from the new items
+    out = tree_map(lambda x: x * 2, Proxy({"a": 1}))
+    assert type(out) is Proxy and out._target == {"a": 2}  # rebuilt around the new items
     leaf = Leaf()
     assert tree_map(lambda x: x, [leaf, (leaf,)]) == [leaf, (leaf,)]
     assert Leaf not in asked

@@ -20,10 +20,11 @@ def _kind(cls: type) -> int:
     ``isinstance`` check against ``Mapping`` is an ABC check, a real share of a small batch)."""
     if issubclass(cls, (str, bytes)):
         kind = _LEAF
-    elif hasattr(cls, "items") and issubclass(cls, Mapping):
-        # ``items`` first: tree_map reads a Mapping through it, and the ABC check it spares
-        # tensors and arrays walks every Mapping subclass in the process (~230 us the first
-        # time a torch.Tensor met it in a freshly forked process)
+    elif (hasattr(cls, "items") or hasattr(cls, "__getattr__")) and issubclass(cls, Mapping):
+        # ``items`` first (or a ``__getattr__`` that may supply it, as a proxy's does):
+        # tree_map reads a Mapping through it, and the ABC check it spares tensors and arrays
+        # walks every Mapping subclass in the process (~230 us the first time a
+        # torch.Tensor met it in a freshly forked process)
         kind = _MAPPING
     elif issubclass(cls, tuple):
         kind = _NAMEDTUPLE if hasattr(cls, "_fields") else _TUPLE
