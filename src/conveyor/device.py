@@ -175,6 +175,11 @@ class SlotPinner:
     the first refusal by CUDA (or past ``max_bytes``) registration stops and
     batches fall back to :func:`pin`.
 
+    ``max_bytes`` caps the memory registered. ``fences=False`` makes :meth:`fence`
+    return None: for a loader whose device stage (``device=``) copies each batch
+    and keeps the host batch until that copy is done, so a slot cannot go back
+    to its worker while a copy still reads it.
+
     >>> pinner = SlotPinner()
     >>> pinner.register(bytearray(4096)) == cuda_ready()  # registered where CUDA is usable
     True
@@ -185,7 +190,6 @@ class SlotPinner:
 
     def __init__(self, *, max_bytes: int | None = None, fences: bool = True) -> None:
         self.max_bytes = max_bytes
-        # fence(): off where a DevicePrefetcher keeps each host batch until its own copy is done
         self.fences = fences
         self.spans: dict[int, tuple[int, int]] = {}  # id(segment) -> (address, size)
         self.registered_bytes = 0

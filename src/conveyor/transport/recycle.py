@@ -61,9 +61,11 @@ class Recycler:
             nbytes *= d
         if nbytes < self.min_bytes:
             return None
-        self.asked += 1
         mem = None
         with self.lock:
+            # counted under the lock: thread workers share one Recycler, and a free-threaded
+            # build interleaves the read and the write of ``+=``
+            self.asked += 1
             self._take_returned()
             best = -1
             for i, kept in enumerate(self.free):
