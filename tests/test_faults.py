@@ -6,6 +6,7 @@ import os
 import queue
 import re
 import signal
+import subprocess
 import sys
 import textwrap
 import time
@@ -362,6 +363,71 @@ def test_spawn_without_main_guard(tmp_path: Path, script_env: dict[str, str]) ->
     proc = run_script(tmp_path / "no_guard.py", NO_GUARD, script_env, 75, cwd=tmp_path)
     assert proc.returncode != 0
     assert "__main__" in proc.stderr, proc.stderr[-3000:]
+
+
+TORCH_HALF_IMPORTED = textwrap.dedent("""
+    import sys
+    import threading
+    from conveyor import _torch, rng
+
+    assert "torch" not in sys.modules
+    importer = threading.Thread(target=lambda: __import__("torch"))
+    importer.start()
+    while "torch" not in sys.modules:  # the import has begun: torch is there, but half made
+        pass
+    rng.seed_all(5)  # a fetch thread seeding its sample meanwhile
+    assert not _torch.is_tensor(1)
+    importer.join()
+    import torch
+    assert torch.initial_seed() == 5, torch.initial_seed()
+    print("OK")
+""")
+
+
+@pytest.mark.timeout(90)
+def test_seeding_waits_for_torch_imported_by_another_thread(tmp_path: Path, script_env: dict[str, str]) -> None:
+    proc = run_script(tmp_path / "half.py", TORCH_HALF_IMPORTED, script_env, 75)
+    assert proc.returncode == 0 and "OK" in proc.stdout, proc.stderr[-3000:]
+
+
+TORCH_LATE = textwrap.dedent("""
+    import sys
+    import numpy as np
+    import conveyor
+
+    class Threads:
+        \"\"\"Sample i: [i, the worker's torch threads, or -1 before torch is imported].\"\"\"
+        def __len__(self):
+            return 48
+        def __getitem__(self, i):
+            torch = sys.modules.get("torch")
+            seen = torch.get_num_threads() if torch is not None and hasattr(torch, "get_num_threads") else -1
+            return np.array([i, seen], dtype=np.int64)
+
+    if __name__ == "__main__":
+        with conveyor.DataLoader(Threads(), batch_size=4, num_workers=1, fetch_threads=4, seed=1,
+                                 multiprocessing_context=sys.argv[1], adaptive=False) as loader:
+            got = list(loader)
+        kinds = {type(b).__module__ + "." + type(b).__name__ for b in got}
+        assert kinds == {"torch.Tensor"}, kinds  # as without workers, though main never imported torch
+        rows = np.concatenate([b.numpy() for b in got])
+        assert rows[:, 0].tolist() == list(range(48)), rows[:, 0]
+        assert set(rows[:, 1].tolist()) == {1}, rows[:, 1]
+        print("OK")
+""")
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("context", ["fork", "spawn"])
+def test_worker_imports_torch_before_fetching(tmp_path: Path, script_env: dict[str, str], context: str) -> None:
+    # a script of numpy datasets that never imports torch: the worker's batches are still
+    # tensors, so the worker imports torch before its fetch threads start (not in its first
+    # collate, under them) and sets it up as usual (one intra-op thread), and the main
+    # process hands them out as tensors
+    (tmp_path / "late.py").write_text(TORCH_LATE)
+    proc = subprocess.run([sys.executable, str(tmp_path / "late.py"), context], capture_output=True, text=True,
+                          env=script_env, timeout=100, cwd=tmp_path)
+    assert proc.returncode == 0 and "OK" in proc.stdout, proc.stderr[-3000:]
 
 
 SHM_FULL = textwrap.dedent("""

@@ -30,18 +30,38 @@ def get() -> ModuleType | None:
     return torch
 
 
+_ready: ModuleType | None = None  # torch, once seen whole
+
+
 def loaded() -> ModuleType | None:
-    """torch if the process already imported it, else None (never imports)."""
-    return sys.modules.get("torch")
+    """torch if the process has imported it, else None (never starts an import).
+
+    torch is in ``sys.modules`` from the moment its import starts, ~1 s before it has
+    ``Tensor`` or ``random``. A thread that finds it there while another thread imports it
+    (a spawned worker's first collate, while its fetch threads seed the next samples) waits
+    for that import to end instead of reading a half-made module."""
+    mod = sys.modules.get("torch")
+    if mod is None or mod is _ready:
+        return mod
+    return _whole()
+
+
+def _whole() -> ModuleType:
+    global _ready
+    import torch  # returns at once when done; waits for an import under way in another thread
+
+    if not getattr(getattr(torch, "__spec__", None), "_initializing", False):
+        _ready = torch  # (still partial only in the thread importing it, if that asked)
+    return torch
 
 
 def is_tensor(obj: object) -> bool:
-    torch = sys.modules.get("torch")
+    torch = loaded()
     return torch is not None and isinstance(obj, torch.Tensor)
 
 
 def is_generator(obj: object) -> bool:
-    torch = sys.modules.get("torch")
+    torch = loaded()
     return torch is not None and isinstance(obj, torch.Generator)
 
 

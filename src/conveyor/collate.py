@@ -107,7 +107,7 @@ class AnyTensor(abc.ABC):
 
     @classmethod
     def __subclasshook__(cls, sub: type) -> bool:
-        torch = sys.modules.get("torch")
+        torch = _torch.loaded()
         tensor = getattr(torch, "Tensor", None) if torch is not None else None
         if isinstance(tensor, type) and issubclass(sub, tensor):
             return True
@@ -461,7 +461,7 @@ def collate_numpy_array_fn(
 
 
 def _tensor_handler(collate_fn_map: CollateFnMap) -> Any:
-    torch = sys.modules.get("torch")
+    torch = _torch.loaded()
     fn = collate_fn_map.get(torch.Tensor) if torch is not None else None
     return fn if fn is not None else collate_fn_map.get(AnyTensor)
 

@@ -15,6 +15,8 @@ from typing import Any
 
 import numpy as np
 
+from . import _torch
+
 __all__ = ["mix", "sample_seed", "seed_all", "worker_seed", "RngState"]
 
 _MASK64 = (1 << 64) - 1
@@ -61,7 +63,7 @@ def seed_all(seed: int, *, numpy_seed: Any = None) -> None:
     if numpy_seed is None:
         numpy_seed = seed & 0xFFFFFFFF
     _seed_numpy(numpy_seed)
-    torch = sys.modules.get("torch")
+    torch = _torch.loaded()
     if torch is not None:
         torch.random.default_generator.manual_seed(seed)
 
@@ -195,7 +197,7 @@ class RngState:
         pending = _on_import.pending
         self.np: Any = (np_random.get_state() if np_random is not None else
                         None if pending is None else _Pending(pending))
-        torch = sys.modules.get("torch")
+        torch = _torch.loaded()
         self.torch = torch.random.default_generator.get_state() if torch is not None else None
 
     def restore(self) -> None:
@@ -209,7 +211,7 @@ class RngState:
                 np.random.set_state(state)
             elif "numpy.random" in sys.modules:
                 np.random.seed()  # imported since the snapshot (by seeding or the dataset): unseeded again
-        torch = sys.modules.get("torch")
+        torch = _torch.loaded()
         if torch is not None and self.torch is not None:
             torch.random.default_generator.set_state(self.torch)
 

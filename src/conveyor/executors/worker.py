@@ -72,7 +72,7 @@ def _set_info(info: WorkerInfo | None, *, thread: bool) -> None:
             _route_torch_worker_info()
         return
     _process_info = info
-    torch = sys.modules.get("torch")
+    torch = _torch.loaded()
     if torch is not None and info is not None:
         # Datasets written for torch ask torch.utils.data.get_worker_info().
         try:
@@ -96,7 +96,7 @@ def _route_torch_worker_info() -> None:
     module that imported the function by name before then keeps torch's (``None`` in
     thread workers); ``conveyor.get_worker_info()`` answers everywhere.
     """
-    torch = sys.modules.get("torch")
+    torch = _torch.loaded()
     if torch is None:
         return
     with _routed:
@@ -516,7 +516,12 @@ def serve(spec: WorkerSpec, worker_id: int, gen: int, tasks: Any, results: Any,
         except OSError:
             pass
     steady_malloc()
-    torch = sys.modules.get("torch")
+    torch = _torch.loaded()
+    if torch is None and spec.default_collate and spec.output == "torch":
+        # A spawned (or forkserver) worker whose dataset module does not import torch: the
+        # first batch's collate would, in this thread, while fetch threads already fetch the
+        # next samples, and too late for the setup below. Its batches are tensors: now.
+        torch = _torch.get()
     if torch is not None:
         torch.set_num_threads(1)
         _route_torch_collate(torch)

@@ -14,11 +14,11 @@ of a class of ours costs a class lookup on each side and a ``__reduce__`` call
 
 from __future__ import annotations
 
-import sys
 from typing import Any, NamedTuple
 
 import numpy as np
 
+from .. import _torch
 from .._tree import tree_map
 from ..collate import _dtype_tables, tensor_to_numpy
 from .slots import Views, Writer
@@ -53,7 +53,7 @@ def _as_numpy(obj: Any) -> tuple[np.ndarray, bool] | None:
         if obj.dtype.hasobject or obj.dtype.kind in "UVSMm":
             return None
         return obj, False
-    torch = sys.modules.get("torch")
+    torch = _torch.loaded()
     if torch is not None and type(obj) is torch.Tensor:
         try:
             # one call for a plain CPU tensor; numpy() refuses every other kind (a device,
@@ -162,7 +162,11 @@ def decode(packed: Packed, views: Views, *, output: str) -> Any:
         roots[slot_id] = views.root((packed.worker, packed.gen, slot_id), name)
     if packed.blob is not None:
         roots[-1] = packed.blob
-    torch = sys.modules.get("torch") if output == "torch" else None
+    torch = _torch.loaded() if output == "torch" else None
+    if torch is None and output == "torch" and any(rec[0] for rec in packed.leaves):
+        # the worker made tensors in a process that has not imported torch yet (a script
+        # of numpy datasets): they stay tensors, as without workers
+        torch = _torch.get()
     # numpy dtype string (native order) -> torch dtype: collate's table, built once
     torch_dtypes = _dtype_tables(torch)[1] if torch is not None else {}
 
@@ -207,7 +211,7 @@ def _np_dtype(name: str) -> np.dtype:
 
 def to_numpy(batch: Any) -> Any:
     """Turn every torch tensor leaf of ``batch`` into a numpy array (no copy on CPU)."""
-    torch = sys.modules.get("torch")
+    torch = _torch.loaded()
     if torch is None:
         return batch
 
