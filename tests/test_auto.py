@@ -10,6 +10,7 @@ import pytest
 import conveyor.loader
 from conveyor import DataLoader
 from conveyor.tuning import Decision, Tuner
+from helpers import children
 
 
 class Tiny:
@@ -437,6 +438,74 @@ def test_batches_that_get_costly_leave_the_lean_path_for_the_workers() -> None:
         assert not it.lean  # type: ignore[attr-defined]
     assert np.array_equal(np.concatenate(got), np.arange(8 * 64))
     assert stats["workers_started"] and stats["main_process_batches"] <= 24 + 32
+
+
+class CheapThenCostly:
+    """The first 24 batches of 8 cost next to nothing; from batch 24 on each sample burns
+    1 ms of CPU (a dataset whose first samples are cached, or sorted by size)."""
+
+    costly_from = 8 * 24
+
+    def __len__(self) -> int:
+        return 8 * 64
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        if i >= self.costly_from:
+            end = time.thread_time() + 0.001
+            while time.thread_time() < end:
+                pass
+        return np.full(2, i, dtype=np.int64)
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("persistent", [True, False])
+@pytest.mark.parametrize("seed", [None, 1])
+def test_auto_that_settled_on_no_workers_starts_them_when_batches_get_costly(persistent: bool,
+                                                                               seed: int | None) -> None:
+    # the probe pins "no workers" on the cheap first batches; the costly ones that follow are
+    # timed as they are made (by the lean path without a seed, by the task path with one),
+    # and the workers take over within two windows of 16, with the tuner choosing again
+    with DataLoader(CheapThenCostly(), batch_size=8, num_workers="auto", seed=seed, output="numpy",
+                    persistent_workers=persistent) as loader:
+        it = iter(loader)
+        got = [next(it)[:, 0] for _ in range(20)]
+        pinned = loader.tuning()
+        got += [b[:, 0] for b in it]
+        stats = loader.stats()
+        tuned = loader.tuning()
+        between = children()  # workers that do not persist end with their epoch
+        again = _all(loader)
+    assert np.array_equal(np.concatenate(got), np.arange(8 * 64)) and np.array_equal(again, np.arange(8 * 64))
+    assert pinned is not None and pinned["num_workers"] == 0 and pinned["reason"].startswith("pinned")
+    assert stats["workers_started"] and stats["main_process_batches"] <= 24 + 32
+    assert tuned is not None and not tuned["reason"].startswith("pinned") and tuned["num_workers"] >= 1
+    assert bool(between) == persistent
+    assert not children()
+
+
+@pytest.mark.timeout(90)
+def test_workers_the_shared_main_process_pool_starts_end_with_their_epoch() -> None:
+    # an epoch of cheap batches: "auto" settles on no workers and the pool serves the next
+    # epochs too; samples get costly in the second: its workers start, and as workers that do
+    # not persist they end with it (the shared pool is closed), the third starts its own
+    ds = CheapThenCostly()
+    with DataLoader(ds, batch_size=8, num_workers="auto", output="numpy") as loader:
+        ds.costly_from = len(ds)
+        first = _all(loader)
+        shared = loader._inline
+        ds.costly_from = 8 * 24
+        it = iter(loader)
+        second = [b[:, 0] for b in it]
+        assert it.pool is shared and shared is not None  # type: ignore[attr-defined]
+        between = children()
+        ended = shared.dead and loader._inline is None
+        third = _all(loader)
+        stats = loader.stats()
+    for got in (first, np.concatenate(second), third):
+        assert np.array_equal(got, np.arange(8 * 64))
+    assert ended and not between
+    assert stats["workers_started"] and stats["num_workers"] >= 1
+    assert not children()
 
 
 def test_fetch_threads_auto_needs_workers_to_tune() -> None:

@@ -1127,9 +1127,28 @@ class _Pool:
         costs = self.inline_costs
         costs.append(cost)
         if len(costs) >= 16:
-            if self.adaptive and self.tuner is None and not self.copying and self.worth_workers(sorted(costs)[4], batch):
-                self.mode = "workers"  # batches got costly: time for the workers after all
+            if (self.adaptive and not self.copying and (self.tuner is None or self._reopenable())
+                    and self.worth_workers(sorted(costs)[4], batch)):
+                if self.tuner is None:
+                    self.mode = "workers"  # batches got costly: time for the workers after all
+                else:
+                    self._reopen()
             costs.clear()
+
+    def _reopenable(self) -> bool:
+        """Is this an "auto" pool whose probe settled on the main process, pinning no
+        workers, that may still start them?"""
+        auto, tuner = self.auto, self.tuner
+        return (auto is not None and bool(auto["num_workers"]) and tuner is not None and tuner.pinned
+                and self.mode == "inline" and not self.bulk and not self.timed)
+
+    def _reopen(self) -> None:
+        """Batches made here got costly after the probe settled on no workers (a dataset whose
+        first samples are cached, or sorted by size): start the workers after all, and the
+        tuner chooses again from there."""
+        assert self.tuner is not None
+        self.tuner.unpin()
+        self.apply(_cores(), self.threads, self.prefetch)
 
     def worth_workers(self, cost: float, batch: Any) -> bool:
         """Is a batch like ``batch`` that costs ``cost`` here worth a trip from a worker? Not
@@ -1328,6 +1347,9 @@ class _Pool:
             if self.num_workers == 0 and cost > SLOW_S and not copying and (
                     waits or len(costs) >= 2 and min(costs[-2:]) > SLOW_S):
                 self._jump_start(result, cost)
+            elif (self.inline_batches % 16 == 0 and len(costs) >= 16 and not copying and self._reopenable()
+                  and self.worth_workers(sorted(costs)[4], result.batch)):
+                self._reopen()  # as _Pool.note does for batches made by the quick path
             elif self.mode == "probe" and (copying or _probed_enough(costs)):
                 typical = _typical(costs)
                 if copying or not self.worth_workers(typical, result.batch):
@@ -1351,6 +1373,8 @@ class _Pool:
     def _jump_start(self, result: Result, cost: float) -> None:
         """A first batch this costly needs workers now; the tuner refines from there."""
         threads = self.threads if result.cpu is None or cost <= 0 else self._threads_for(result.cpu / cost)
+        if self._reopenable():
+            self.tuner.unpin()  # the probe had settled on no workers: batches got slow since
         self.apply(_cores(), threads, self.prefetch)
 
     def _threads_for(self, busy: float) -> int:
@@ -2035,6 +2059,13 @@ class _Run(Generic[T]):
                 self.owns_pool = False  # the loader closes it now
             else:
                 self.pool.close()
+        elif self.pool is self.loader._inline and self.pool.auto is not None and not self.pool.serves_every_epoch():
+            # the "auto" pool the epochs shared started workers in this one (its batches got
+            # costly): they end with the epoch, as workers that do not persist do
+            pool = self.pool
+            if not any(r is not self and r.pool is pool and not r.finished for r in list(self.loader._runs)):
+                self.loader._inline = None
+                pool.close()
 
     def _abandon(self) -> None:
         """A new epoch starts on the same (persistent) workers: drop this one."""

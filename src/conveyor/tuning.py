@@ -245,6 +245,7 @@ class Tuner:
         self.cap_why = ""  # why max_threads was lowered (one_thread)
         self._current = start or Decision(0, 1, None, "not measured yet", False)
         self._pinned: Decision | None = None
+        self._rebase = False  # the next snapshot is a baseline, not a window (unpin)
         self._settled = False
         self._streak = 0
         self._last: dict[str, Any] | None = None
@@ -268,6 +269,10 @@ class Tuner:
     def observe(self, snap: dict[str, Any]) -> None:
         """Take a cumulative ``loader.stats()`` snapshot; the difference to the last one is a window."""
         if self._pinned is not None:
+            return
+        if self._rebase:
+            self._rebase = False
+            self._last = snap  # what came before the pin was lifted is not a window
             return
         self.thread_steer.window(int(snap.get("batches", 0)), time.perf_counter())
         last = self._last or {"batches": 0, "steps": 0, "step_s": 0.0, "wait_s": 0.0, "workers": {}}
@@ -308,6 +313,14 @@ class Tuner:
         d = decision if isinstance(decision, Decision) else Decision.from_dict(decision)
         self._pinned = replace(d, settled=True, reason=f"pinned: {d.reason}" if d.reason else "pinned")
         return self._pinned
+
+    def unpin(self) -> None:
+        """Open a pinned decision to observation again, from the next snapshot on (the
+        loader's own pin, once what it was based on stopped holding)."""
+        self._pinned = None
+        self._settled = False
+        self._streak = 0
+        self._rebase = True
 
     def one_thread(self, why: str) -> None:
         """Never more than one fetch thread a worker from now on (``why`` joins the reason)."""
