@@ -8,6 +8,7 @@ import re
 import subprocess
 import sys
 import textwrap
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -110,6 +111,24 @@ def test_tune_sweeps_a_user_factory(tmp_path: Path) -> None:
     assert "from conveyor import DataLoader" in out.stdout
     snippet = next(line for line in lines if "DataLoader(dataset," in line)
     assert "batch_size=8" in snippet and "num_workers=" in snippet
+
+
+@pytest.mark.timeout(120)
+def test_tune_notes_more_workers_than_cores_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    # the sweep was asked for: one note before it, not the loader's warning at each setting
+    (tmp_path / "manydata.py").write_text("import numpy as np\n"
+                                          "def make():\n    return [np.full(2, i) for i in range(32)]\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    cores = len(os.sched_getaffinity(0))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        cli.main(["tune", "manydata:make", "--batch-size", "4", "--workers", f"0,{cores + 1}",
+                  "--fetch-threads", "1", "--batches", "3", "--output", "numpy"])
+    out = capsys.readouterr().out
+    assert f"note: up to {cores + 1} workers on {cores} usable cores" in out
+    assert not [w for w in caught if "worker processes in total" in str(w.message)]
+    assert f"\n{cores + 1} " in out  # its row in the table
 
 
 @pytest.mark.timeout(60)

@@ -12,13 +12,14 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import math
 import os
 import sys
 import time
 import warnings
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -256,11 +257,7 @@ def demo(args: argparse.Namespace) -> int:
         warm(*((_stack(xs), _stack(ys)) if has_torch else (np.stack(xs), np.stack(ys))))
     rows: list[dict[str, Any]] = []
     loaders: dict[int, Any] = {}
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    if max(workers) > cores:
-        print(f"note: up to {max(workers)} workers on {cores} usable cores: they compete for the same CPUs")
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=r".*worker processes in total.*")
+    with _sweeping(workers):
         _sweep(ds, workers, epochs, output, make_step, has_torch, rows, loaders, out_dir, repeats)
 
     auto_line = "auto: not available"
@@ -336,6 +333,19 @@ def _progress(total: int) -> Any:
     return tqdm(total=total, unit="batch", file=sys.stderr, dynamic_ncols=True)
 
 
+@contextlib.contextmanager
+def _sweeping(workers: Iterable[int]) -> Iterator[None]:
+    """A sweep asked for its worker counts: one note up front where they pass the usable
+    cores, instead of the loader's warning at each setting (in the middle of the progress bar)."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    most = max(workers, default=0)
+    if most > cores:
+        print(f"note: up to {most} workers on {cores} usable cores: they compete for the same CPUs", flush=True)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r".*worker processes in total.*")
+        yield
+
+
 def tune(args: argparse.Namespace) -> int:
     from .loader import DataLoader
 
@@ -353,6 +363,8 @@ def tune(args: argparse.Namespace) -> int:
         _torch.get()  # import torch now, not inside the first setting's timing
     step = args.step_ms / 1e3
     combos = [(w, t) for w in args.workers for t in args.fetch_threads]
+    sweeping = contextlib.ExitStack()
+    sweeping.enter_context(_sweeping(args.workers))
     bar = _progress(len(combos) * args.batches)
     rows: list[dict[str, Any]] = []
     extra: dict[str, Any] = {"shuffle": args.shuffle}
@@ -400,6 +412,7 @@ def tune(args: argparse.Namespace) -> int:
     finally:
         if bar is not None:
             bar.close()
+        sweeping.close()
     print(_table(rows, [("workers", "num_workers", ""), ("threads", "fetch_threads", ""),
                         ("seconds", "seconds", ".2f"), ("batches_s", "batches/s", ",.1f"),
                         ("samples_s", "samples/s", ",.0f"), ("first_ms", "first batch ms", ",.0f")]))
