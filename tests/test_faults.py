@@ -297,6 +297,19 @@ def test_a_fraction_weighs_the_batch_it_arrives_in(kind: str) -> None:
 
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("kind", sorted(KINDS))
+def test_skip_without_a_budget_allows_one_percent(kind: str) -> None:
+    # on_error="skip" alone skips: a rare bad sample (1 in 400) is left out ...
+    loader = conveyor.DataLoader(Failing(400, {150}), batch_size=20, on_error="skip", **KINDS[kind])
+    assert sum(len(b) for b in drain(loader)) == 399
+    assert [f["index"] for f in loader.stats()["failures"]] == [150]
+    # ... and a pipeline whose samples keep failing (1 in 10) still stops, naming the default
+    loader = conveyor.DataLoader(Failing(400, set(range(5, 400, 10))), batch_size=20, on_error="skip", **KINDS[kind])
+    with pytest.raises(conveyor.TooManyFailures, match=r"max_failures=0\.01"):
+        drain(loader)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("kind", sorted(KINDS))
 @pytest.mark.parametrize("budget", [2, 0.25])
 def test_skip_within_budget(kind: str, budget: int | float) -> None:
     loader = conveyor.DataLoader(Failing(20, {13, 17}), batch_size=4, on_error="skip", max_failures=budget,

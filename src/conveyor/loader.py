@@ -150,7 +150,8 @@ class DataLoader(Generic[T]):
       left unset): pass a number to pin it;
     * ``on_error`` / ``max_failures``: ``"skip"`` leaves bad samples out of their batch, up
       to a count, or a fraction of the samples seen so far (rounded up: one bad sample in
-      the first batch is not yet a rate);
+      the first batch is not yet a rate); 1% unless given, so that a pipeline whose
+      samples all fail still stops, with the first failure's traceback;
     * ``max_worker_restarts``: dead process workers are replaced, their batches re-issued;
     * ``restart_hung``: with ``timeout``, a process worker stuck on a batch longer than
       that is killed and replaced (counted against ``max_worker_restarts``) instead of
@@ -195,7 +196,7 @@ class DataLoader(Generic[T]):
         seed: int | None = None,
         fetch_threads: int | str | None = None,
         on_error: str = "raise",
-        max_failures: int | float = 0,
+        max_failures: int | float = 0.01,
         max_worker_restarts: int = 3,
         adaptive: bool = True,
         restart_hung: bool = False,
