@@ -508,6 +508,37 @@ def test_workers_the_shared_main_process_pool_starts_end_with_their_epoch() -> N
     assert not children()
 
 
+class SlowStream:
+    """An iterable dataset that waits on 'storage' for each sample, sharded by worker."""
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        from conveyor import get_worker_info
+
+        info = get_worker_info()
+        start, step = (info.id, info.num_workers) if info is not None else (0, 1)
+        for i in range(start, 96, step):
+            time.sleep(0.002)
+            yield np.full(2, i, dtype=np.int64)
+
+
+@pytest.mark.timeout(60)
+def test_an_iterable_dataset_under_auto_reports_the_one_thread_it_runs() -> None:
+    # one iterator a worker: fetch threads cannot run, so "auto" neither tunes nor reports them
+    with DataLoader(SlowStream(), batch_size=8, num_workers="auto", output="numpy") as loader:
+        got = sorted(int(x) for b in loader for x in b[:, 0])
+        tuning = loader.tuning()
+        stats = loader.stats()
+    assert got == list(range(96))
+    assert tuning is not None and tuning["fetch_threads"] == 1 and "iterable" in tuning["reason"]
+    assert stats["fetch_threads"] == 1
+
+
+@pytest.mark.parametrize("threads", [4, "auto"])
+def test_fetch_threads_on_an_iterable_dataset_is_refused(threads: object) -> None:
+    with pytest.raises(ValueError, match="fetch_threads needs a map-style dataset"):
+        DataLoader(SlowStream(), batch_size=8, num_workers=2, fetch_threads=threads)
+
+
 def test_fetch_threads_auto_needs_workers_to_tune() -> None:
     # without workers nothing would tune it: an error, as prefetch_factor='auto' gives
     with pytest.raises(ValueError, match="fetch_threads='auto'"):

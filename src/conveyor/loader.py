@@ -204,6 +204,7 @@ class DataLoader(Generic[T]):
         device_depth: int = 2,
     ) -> None:
         self._initialized = False
+        threads_asked = fetch_threads
         if num_workers == "auto":
             # "auto" tunes everything the user left unset: threads for storage that waits,
             # and how far ahead each worker runs
@@ -288,8 +289,13 @@ class DataLoader(Generic[T]):
         self._auto = auto if any(auto.values()) else None
 
         iterable = _is_iterable_dataset(dataset)
+        if iterable and threads_asked not in (None, 1):
+            raise ValueError(f"fetch_threads needs a map-style dataset (samples fetched by index); an iterable "
+                             f"dataset's samples come from one iterator per worker, but got "
+                             f"fetch_threads={threads_asked!r}")
         if iterable and self._auto is not None:
             self._auto["num_workers"] = False  # replicas shard by worker count: it cannot change
+            self._auto["fetch_threads"] = False  # and one iterator a worker is read by one thread
             if not any(self._auto.values()):
                 self._auto = None
         if iterable and _torch.is_datapipe(dataset):
@@ -959,6 +965,8 @@ class _Pool:
         if self.auto is not None:
             kept = loader._tuner
             self.tuner = loader._tuner = kept or Tuner(cpu=_cores(), warmup=RETUNE_EVERY)
+            if loader._iterable:
+                self.tuner.one_thread("an iterable dataset's worker reads its one iterator: 1 thread")
             if self.auto["num_workers"] and not self.timed:
                 self.num_workers = 0
         self.worker_type = loader.worker_type
