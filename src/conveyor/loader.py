@@ -145,7 +145,8 @@ class DataLoader(Generic[T]):
     * ``output``: ``"torch"`` (default when torch is installed) or ``"numpy"``;
     * ``seed``: makes sampling and every sample's RNG a function of (seed, epoch,
       index), identical for any worker count (a ``generator`` does the same);
-    * ``fetch_threads``: samples fetched at once inside each worker (slow storage);
+    * ``fetch_threads``: samples fetched at once inside each worker (slow storage; map-style
+      datasets, as an iterable one's worker reads one iterator);
       default 1, or ``"auto"`` with ``num_workers="auto"`` (as is ``prefetch_factor``
       left unset): pass a number to pin it;
     * ``on_error`` / ``max_failures``: ``"skip"`` leaves bad samples out of their batch, up
