@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import json
 import math
 import os
@@ -66,6 +67,11 @@ def child(scenario_name: str, loader_name: str, quick: bool, profile_dir: str | 
     opts = {**setup.opts.get(base, {}), **setup.opts.get(loader_name, {}), **extra}
 
     loaders.preload(base)
+    # Nor is the import's garbage timed: a child imports conveyor (or a peer) after the fork,
+    # torch came with the parent, and the full collection that import leaves due ran in the
+    # first timed batch (jpeg: ~80 ms of conveyor's first batch, over the parent's heap).
+    # Every loader's child collects here, torch's too.
+    gc.collect()
     profiler = None
     if profile_dir:
         import cProfile
