@@ -442,7 +442,7 @@ def test_batches_that_get_costly_leave_the_lean_path_for_the_workers() -> None:
 
 class CheapThenCostly:
     """The first 24 batches of 8 cost next to nothing; from batch 24 on each sample burns
-    1 ms of CPU (a dataset whose first samples are cached, or sorted by size)."""
+    2 ms of CPU (a dataset whose first samples are cached, or sorted by size)."""
 
     costly_from = 8 * 24
 
@@ -451,15 +451,23 @@ class CheapThenCostly:
 
     def __getitem__(self, i: int) -> np.ndarray:
         if i >= self.costly_from:
-            end = time.thread_time() + 0.001
+            end = time.thread_time() + 0.002
             while time.thread_time() < end:
                 pass
         return np.full(2, i, dtype=np.int64)
 
 
+@pytest.fixture
+def cheap_below_4ms(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A bar that a busy machine does not move the cheap batches past, nor the costly ones
+    (16 ms of CPU) under."""
+    monkeypatch.setattr(conveyor.loader, "INLINE_MAX_S", 0.004)
+
+
 @pytest.mark.timeout(90)
 @pytest.mark.parametrize("persistent", [True, False])
 @pytest.mark.parametrize("seed", [None, 1])
+@pytest.mark.usefixtures("cheap_below_4ms")
 def test_auto_that_settled_on_no_workers_starts_them_when_batches_get_costly(persistent: bool,
                                                                                seed: int | None) -> None:
     # the probe pins "no workers" on the cheap first batches; the costly ones that follow are
@@ -484,6 +492,7 @@ def test_auto_that_settled_on_no_workers_starts_them_when_batches_get_costly(per
 
 
 @pytest.mark.timeout(90)
+@pytest.mark.usefixtures("cheap_below_4ms")
 def test_workers_the_shared_main_process_pool_starts_end_with_their_epoch() -> None:
     # an epoch of cheap batches: "auto" settles on no workers and the pool serves the next
     # epochs too; samples get costly in the second: its workers start, and as workers that do
