@@ -443,6 +443,38 @@ def test_worker_imports_torch_before_fetching(tmp_path: Path, script_env: dict[s
     assert proc.returncode == 0 and "OK" in proc.stdout, proc.stderr[-3000:]
 
 
+LAZY_TORCH_STREAM = textwrap.dedent("""
+    import sys
+    import numpy as np
+    import conveyor
+
+    class Stream:
+        def __iter__(self):
+            import torch.utils.data as tud  # a dataset module that imports torch only here
+            info = tud.get_worker_info()
+            start, step = (info.id, info.num_workers) if info is not None else (0, 1)
+            for i in range(start, 40, step):
+                yield np.array([i])
+
+    if __name__ == "__main__":
+        assert "torch" not in sys.modules
+        with conveyor.DataLoader(Stream(), batch_size=4, num_workers=2, worker_type="thread", seed=1) as loader:
+            got = sorted(int(x) for b in loader for x in b.flatten())
+        assert got == list(range(40)), got
+        print("OK")
+""")
+
+
+@pytest.mark.timeout(90)
+def test_thread_workers_answer_torchs_get_worker_info_for_a_dataset_importing_torch_late(
+        tmp_path: Path, script_env: dict[str, str]) -> None:
+    # torch's get_worker_info() is routed to each thread worker when it starts, if torch is
+    # there: a loader whose batches are tensors imports it before starting them (each thread
+    # read the whole stream before: every sample twice)
+    proc = run_script(tmp_path / "lazy_stream.py", LAZY_TORCH_STREAM, script_env, 75)
+    assert proc.returncode == 0 and "OK" in proc.stdout, proc.stderr[-3000:]
+
+
 SHM_FULL = textwrap.dedent("""
     import warnings
     import torch
