@@ -363,56 +363,54 @@ def tune(args: argparse.Namespace) -> int:
         _torch.get()  # import torch now, not inside the first setting's timing
     step = args.step_ms / 1e3
     combos = [(w, t) for w in args.workers for t in args.fetch_threads]
-    sweeping = contextlib.ExitStack()
-    sweeping.enter_context(_sweeping(args.workers))
-    bar = _progress(len(combos) * args.batches)
     rows: list[dict[str, Any]] = []
     extra: dict[str, Any] = {"shuffle": args.shuffle}
     if args.worker_type != "process":
         extra["worker_type"] = args.worker_type
     if args.output:
         extra["output"] = args.output
-    try:
-        for w, t in combos:
+    with _sweeping(args.workers):
+        bar = _progress(len(combos) * args.batches)
+        try:
+            for w, t in combos:
+                if bar is not None:
+                    bar.set_description(f"num_workers={w} fetch_threads={t}")
+                else:
+                    print(f"  num_workers={w} fetch_threads={t} ...", file=sys.stderr, flush=True)
+                loader = DataLoader(dataset, batch_size=args.batch_size, num_workers=w, fetch_threads=t, **extra)
+                done = samples = 0
+                first: float | None = None
+                last = 0.0
+                t0 = time.perf_counter()
+                try:
+                    while done < args.batches:
+                        progressed = False
+                        for batch in loader:
+                            progressed = True
+                            if first is None:
+                                first = time.perf_counter() - t0
+                            done += 1
+                            samples += _batch_len(batch, args.batch_size)
+                            if bar is not None:
+                                bar.update(1)
+                            if step:
+                                time.sleep(step)
+                            last = time.perf_counter() - t0
+                            if done >= args.batches:
+                                break
+                        if not progressed:
+                            raise SystemExit("conveyor tune: the dataset gave no batches")
+                finally:
+                    loader.close()
+                seconds = last  # to the last batch's step: closing the loader is not loading
+                # steady state: from the first batch on (start-up is its own column)
+                steady = max(1e-9, last - (first or 0.0))
+                n = max(1, done - 1)
+                rows.append({"workers": w, "threads": t, "seconds": seconds, "batches_s": n / steady,
+                             "samples_s": n * (samples / max(1, done)) / steady, "first_ms": (first or 0.0) * 1e3})
+        finally:
             if bar is not None:
-                bar.set_description(f"num_workers={w} fetch_threads={t}")
-            else:
-                print(f"  num_workers={w} fetch_threads={t} ...", file=sys.stderr, flush=True)
-            loader = DataLoader(dataset, batch_size=args.batch_size, num_workers=w, fetch_threads=t, **extra)
-            done = samples = 0
-            first: float | None = None
-            last = 0.0
-            t0 = time.perf_counter()
-            try:
-                while done < args.batches:
-                    progressed = False
-                    for batch in loader:
-                        progressed = True
-                        if first is None:
-                            first = time.perf_counter() - t0
-                        done += 1
-                        samples += _batch_len(batch, args.batch_size)
-                        if bar is not None:
-                            bar.update(1)
-                        if step:
-                            time.sleep(step)
-                        last = time.perf_counter() - t0
-                        if done >= args.batches:
-                            break
-                    if not progressed:
-                        raise SystemExit("conveyor tune: the dataset gave no batches")
-            finally:
-                loader.close()
-            seconds = last  # to the last batch's step: closing the loader is not loading
-            # steady state: from the first batch on (start-up is its own column)
-            steady = max(1e-9, last - (first or 0.0))
-            n = max(1, done - 1)
-            rows.append({"workers": w, "threads": t, "seconds": seconds, "batches_s": n / steady,
-                         "samples_s": n * (samples / max(1, done)) / steady, "first_ms": (first or 0.0) * 1e3})
-    finally:
-        if bar is not None:
-            bar.close()
-        sweeping.close()
+                bar.close()
     print(_table(rows, [("workers", "num_workers", ""), ("threads", "fetch_threads", ""),
                         ("seconds", "seconds", ".2f"), ("batches_s", "batches/s", ",.1f"),
                         ("samples_s", "samples/s", ",.0f"), ("first_ms", "first batch ms", ",.0f")]))

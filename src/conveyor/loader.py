@@ -1138,12 +1138,17 @@ class _Pool:
         costs.append(cost)
         if len(costs) >= 16:
             if (self.adaptive and not self.copying and (self.tuner is None or self._reopenable())
-                    and self.worth_workers(sorted(costs)[4], batch)):
+                    and self._costly(costs, batch)):
                 if self.tuner is None:
                     self.mode = "workers"  # batches got costly: time for the workers after all
                 else:
                     self._reopen()
             costs.clear()
+
+    def _costly(self, costs: list[float], batch: Any) -> bool:
+        """Is a window of 16 main-process batches worth the workers? Its fifth cheapest is
+        (a few batches the machine slowed down say nothing)."""
+        return self.worth_workers(sorted(costs)[4], batch)
 
     def _reopenable(self) -> bool:
         """Is this an "auto" pool whose probe settled on the main process, pinning no
@@ -1152,13 +1157,14 @@ class _Pool:
         return (auto is not None and bool(auto["num_workers"]) and tuner is not None and tuner.pinned
                 and self.mode == "inline" and not self.bulk and not self.timed)
 
-    def _reopen(self) -> None:
-        """Batches made here got costly after the probe settled on no workers (a dataset whose
-        first samples are cached, or sorted by size): start the workers after all, and the
-        tuner chooses again from there."""
-        assert self.tuner is not None
-        self.tuner.unpin()
-        self.apply(_cores(), self.threads, self.prefetch)
+    def _reopen(self, threads: int | None = None) -> None:
+        """Start a worker per core ("auto": the tuner refines from there). Where the probe had
+        pinned no workers, batches got costly since (a dataset whose first samples are
+        cached, or sorted by size): the pin is lifted and the tuner chooses again."""
+        if self._reopenable():
+            assert self.tuner is not None
+            self.tuner.unpin()
+        self.apply(_cores(), self.threads if threads is None else threads, self.prefetch)
 
     def worth_workers(self, cost: float, batch: Any) -> bool:
         """Is a batch like ``batch`` that costs ``cost`` here worth a trip from a worker? Not
@@ -1358,7 +1364,7 @@ class _Pool:
                     waits or len(costs) >= 2 and min(costs[-2:]) > SLOW_S):
                 self._jump_start(result, cost)
             elif (self.inline_batches % 16 == 0 and len(costs) >= 16 and not copying and self._reopenable()
-                  and self.worth_workers(sorted(costs)[4], result.batch)):
+                  and self._costly(costs, result.batch)):
                 self._reopen()  # as _Pool.note does for batches made by the quick path
             elif self.mode == "probe" and (copying or _probed_enough(costs)):
                 typical = _typical(costs)
@@ -1382,10 +1388,7 @@ class _Pool:
     # -- num_workers / fetch_threads / prefetch_factor = "auto" --------------
     def _jump_start(self, result: Result, cost: float) -> None:
         """A first batch this costly needs workers now; the tuner refines from there."""
-        threads = self.threads if result.cpu is None or cost <= 0 else self._threads_for(result.cpu / cost)
-        if self._reopenable():
-            self.tuner.unpin()  # the probe had settled on no workers: batches got slow since
-        self.apply(_cores(), threads, self.prefetch)
+        self._reopen(self.threads if result.cpu is None or cost <= 0 else self._threads_for(result.cpu / cost))
 
     def _threads_for(self, busy: float) -> int:
         """Fetch threads for a batch that kept ``busy`` cores busy: as many as the tuner

@@ -12,11 +12,10 @@ import threading
 import time
 from typing import Any
 
-from .. import _torch
 from ..errors import Failure, capture
 from .base import Event, Ledger
 from .task import Result, Task
-from .worker import WorkerSpec, _set_info, start_worker
+from .worker import WorkerSpec, _set_info, start_worker, torch_for
 
 __all__ = ["ThreadExecutor"]
 
@@ -49,12 +48,7 @@ class ThreadExecutor:
         self.pid = os.getpid()
         self.fetch_threads = spec.fetch_threads
         self.num_workers = 0
-        if spec.default_collate and spec.output == "torch" and _torch.loaded() is None:
-            # the batches are tensors, so torch gets imported: here, before the worker threads
-            # start, as each routes torch.utils.data.get_worker_info() to itself only when
-            # torch is there (a dataset that imports torch lazily asked it for nothing: every
-            # thread read the whole stream)
-            _torch.get()
+        torch_for(spec)  # before the threads (a dataset importing torch late: each read the whole stream)
         self.grow(num_workers)
 
     def grow(self, n: int) -> None:

@@ -480,6 +480,17 @@ class _Skipped:
         self.failure = failure
 
 
+def torch_for(spec: WorkerSpec) -> Any:
+    """torch if imported, or imported now where the workers' batches are tensors (their
+    collate would import it anyway). Workers start after: a spawned worker's first collate
+    imported it under its fetch threads, too late for the worker's torch setup, and thread
+    workers route torch's ``get_worker_info()`` only when torch is there as they start."""
+    torch = _torch.loaded()
+    if torch is None and spec.default_collate and spec.output == "torch":
+        torch = _torch.get()
+    return torch
+
+
 def start_worker(spec: WorkerSpec, worker_id: int, *, kind: str) -> Fetcher:
     """Seed, publish worker info, run ``worker_init_fn``; the worker's fetcher."""
     thread = kind == "thread"
@@ -516,12 +527,7 @@ def serve(spec: WorkerSpec, worker_id: int, gen: int, tasks: Any, results: Any,
         except OSError:
             pass
     steady_malloc()
-    torch = _torch.loaded()
-    if torch is None and spec.default_collate and spec.output == "torch":
-        # A spawned (or forkserver) worker whose dataset module does not import torch: the
-        # first batch's collate would, in this thread, while fetch threads already fetch the
-        # next samples, and too late for the setup below. Its batches are tensors: now.
-        torch = _torch.get()
+    torch = torch_for(spec)
     if torch is not None:
         torch.set_num_threads(1)
         _route_torch_collate(torch)
