@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import time
+import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -65,7 +66,7 @@ class Rotating(Sampler[int]):
 
 
 class Stateless(torch.utils.data.Sampler):
-    """A custom (torch) sampler without state_dict: cannot be resumed."""
+    """A custom (torch) sampler without state_dict, whose order is always the same."""
 
     def __init__(self, n: int) -> None:
         self.n = n
@@ -75,6 +76,21 @@ class Stateless(torch.utils.data.Sampler):
 
     def __iter__(self) -> Iterator[int]:
         return iter(range(self.n - 1, -1, -1))
+
+
+class OwnRng(torch.utils.data.Sampler):
+    """A custom sampler without state_dict that draws each epoch's order from a numpy
+    generator it holds: replayed from the generator's state at the epoch's start."""
+
+    def __init__(self, n: int, seed: int) -> None:
+        self.n = n
+        self.rng = np.random.default_rng(seed)
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self.rng.permutation(self.n).tolist())
 
 
 def loader_kw(kind: str, n: int) -> dict[str, Any]:
@@ -97,11 +113,27 @@ def loader_kw(kind: str, n: int) -> dict[str, Any]:
         return {"sampler": RandomSampler(range(n), seed=8), "seed": 5}
     if kind == "custom":
         return {"sampler": Rotating(n), "seed": 5}
+    # samplers without state_dict, resumed by replaying them (conveyor.replay)
+    tud = torch.utils.data
+    if kind == "torch-random":
+        return {"sampler": tud.RandomSampler(range(n), generator=torch.Generator().manual_seed(8)), "seed": 5}
+    if kind == "torch-weighted":
+        weights = [1.0 + (i % 3) for i in range(n)]
+        return {"sampler": tud.WeightedRandomSampler(weights, n + 3, generator=torch.Generator().manual_seed(8)),
+                "seed": 5}
+    if kind == "torch-subset":
+        return {"sampler": tud.SubsetRandomSampler(list(range(0, n, 2)), generator=torch.Generator().manual_seed(8)),
+                "seed": 5}
+    if kind == "own-rng":
+        return {"sampler": OwnRng(n, 8), "seed": 5}
+    if kind == "list":
+        return {"sampler": [(i * 5) % n for i in range(n)], "seed": 5}
     raise AssertionError(kind)
 
 
+REPLAYED = ["torch-random", "torch-weighted", "torch-subset", "own-rng", "list"]
 KINDS = ["shuffle-seed", "shuffle-generator", "sequential", "weighted", "weighted-generator", "subset",
-         "random-sampler", "custom"]
+         "random-sampler", "custom", *REPLAYED]
 
 
 def make(kind: str, n: int = 23, batch_size: int = 4, drop_last: bool = False, **kw: Any) -> DataLoader[Any]:
@@ -184,6 +216,21 @@ def test_state_size_does_not_grow_with_the_dataset(kind: str) -> None:
             sizes.append(len(json.dumps(loader.state_dict())))
     assert sizes[1] < 20_000, sizes
     assert abs(sizes[1] - sizes[0]) < 64, sizes  # only the digits of the length may differ
+
+
+@pytest.mark.parametrize("kind", REPLAYED)
+def test_state_of_a_replayed_sampler_does_not_grow_with_the_dataset(kind: str) -> None:
+    # the global RNGs' states (~13 KB of base64) and the sampler's own generator (<7 KB);
+    # numpy's is there once numpy.random is imported (Noisy imports it): import it first
+    np.random.get_state()
+    sizes = []
+    for n in (100, 1_000_000):
+        with make(kind, n=n, batch_size=8) as loader:
+            it = iter(loader)
+            next(it)
+            sizes.append(len(json.dumps(loader.state_dict())))
+    assert sizes[1] < 24_000, sizes
+    assert abs(sizes[1] - sizes[0]) < 64, sizes
 
 
 # --------------------------------------------------------------------------- exact resume
@@ -273,17 +320,120 @@ class PlainOrder:
         return iter(range(0, self.n, 2))
 
 
+@pytest.mark.timeout(60)
 @pytest.mark.parametrize("sampler", [Stateless(10), PlainOrder(10)], ids=["torch-sampler", "plain"])
 @pytest.mark.parametrize("as_batch_sampler", [False, True])
-def test_sampler_without_state_dict_is_a_clear_type_error(sampler: Any, as_batch_sampler: bool) -> None:
-    if as_batch_sampler:
-        loader = DataLoader(Noisy(10), batch_sampler=torch.utils.data.BatchSampler(sampler, 2, False))
-    else:
-        loader = DataLoader(Noisy(10), batch_size=2, sampler=sampler)
-    it = iter(loader)
-    next(it)
-    with pytest.raises(TypeError, match="state_dict"):
-        loader.state_dict()
+def test_sampler_without_state_dict_resumes_by_replaying(sampler: Any, as_batch_sampler: bool) -> None:
+    def build() -> DataLoader[Any]:
+        if as_batch_sampler:
+            return DataLoader(Noisy(10), batch_sampler=torch.utils.data.BatchSampler(sampler, 2, False), seed=3)
+        return DataLoader(Noisy(10), batch_size=2, sampler=sampler, seed=3)
+
+    ref = run_epochs(build())
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a sampler that replays exactly: no warning
+        got = interrupted(build(), build(), len(ref[0]) + 2)
+    assert got == expected_after(ref, len(ref[0]) + 2)
+
+
+class Counting(torch.utils.data.Sampler):
+    """Without state_dict, and its order follows from how often it was iterated: a new
+    sampler cannot replay the saved one's later epochs."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.calls = 0
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __iter__(self) -> Iterator[int]:
+        self.calls += 1
+        return iter([(i + self.calls) % self.n for i in range(self.n)])
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("at_end", [False, True], ids=["mid-epoch", "epoch-end"])
+def test_a_sampler_that_does_not_replay_is_a_warning(at_end: bool) -> None:
+    first = DataLoader(Noisy(10), batch_size=2, sampler=Counting(10), seed=3)
+    with first:
+        list(first)
+        it = iter(first)
+        if at_end:
+            list(it)
+        else:
+            next(it)
+        state = json.loads(json.dumps(first.state_dict()))
+    second = DataLoader(Noisy(10), batch_size=2, sampler=Counting(10), seed=3)
+    second.load_state_dict(state)
+    with pytest.warns(UserWarning, match="drew other batches"):
+        list(second)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("which", ["torch", "numpy", "random"])
+def test_a_sampler_drawing_from_a_global_rng_resumes_exactly(which: str, workers: int) -> None:
+    """torch's RandomSampler without a generator draws its order from torch's global RNG (and
+    custom samplers from numpy's or Python's): the state holds their states at the epoch's
+    start. The resumed process's RNGs are elsewhere: the rest of the epoch is still the
+    saved run's, and the resume leaves the caller's RNGs as it found them."""
+    import random
+
+    class GlobalDraws(torch.utils.data.Sampler):
+        def __init__(self, n: int) -> None:
+            self.n = n
+
+        def __len__(self) -> int:
+            return self.n
+
+        def __iter__(self) -> Iterator[int]:
+            if which == "numpy":
+                return iter(np.random.permutation(self.n).tolist())
+            order = list(range(self.n))
+            random.shuffle(order)
+            return iter(order)
+
+    def build() -> DataLoader[Any]:
+        sampler = torch.utils.data.RandomSampler(range(13)) if which == "torch" else GlobalDraws(13)
+        return DataLoader(Noisy(13), batch_size=3, sampler=sampler, seed=3, num_workers=workers,
+                          worker_type="thread")
+
+    def seed_all(s: int) -> None:
+        torch.manual_seed(s)
+        np.random.seed(s)
+        random.seed(s)
+
+    seed_all(0)
+    ref = run_epochs(build(), 2)
+    seed_all(0)
+    step = len(ref[0]) + 2
+    got = interrupted(build(), build(), step, count=2)  # the helper does not touch the RNGs
+    assert got[0] == expected_after(ref, step)[0]
+
+    # a resume with the checkpoint's RNGs restored by the caller: every later epoch is the same too,
+    # and the replay has left them alone
+    seed_all(0)
+    first = build()
+    with first:
+        list(first)
+        it = iter(first)
+        next(it), next(it)
+        state = json.loads(json.dumps(first.state_dict()))
+        rngs = (torch.get_rng_state(), np.random.get_state(), random.getstate())
+        del it
+    seed_all(99)
+    second = build()
+    with second:
+        second.load_state_dict(state)
+        torch.set_rng_state(rngs[0]), np.random.set_state(rngs[1]), random.setstate(rngs[2])
+        rest = [b.tolist() for b in second]
+        assert torch.equal(torch.get_rng_state(), rngs[0])
+        if which == "numpy":
+            assert np.array_equal(np.random.get_state()[1], rngs[1][1])
+        if which == "random":
+            assert random.getstate() == rngs[2]
+    assert rest == expected_after(ref, step)[0]
 
 
 def test_loading_into_a_running_iterator_raises() -> None:

@@ -13,6 +13,7 @@ module only decides what to ask for, and when.
 
 from __future__ import annotations
 
+import array
 import base64
 import collections
 import dataclasses
@@ -30,7 +31,7 @@ from typing import Any, Generic, TypeVar
 
 import numpy as np
 
-from . import _torch, rng
+from . import _torch, replay, rng
 from .collate import default_collate, default_convert, numpy_collate
 from .errors import Failure, capture, rebuild
 from .executors import inherit
@@ -367,6 +368,8 @@ class DataLoader(Generic[T]):
         self.persistent_workers = persistent_workers
         self._epoch = 0
         self._resume: dict[str, Any] | None = None
+        # the global RNGs a sampler without state_dict draws from (replay.Mark), once seen
+        self._rng_use: frozenset[str] = replay.GLOBALS
         self._loaded: dict[str, Any] | None = None
         self._ended: dict[str, Any] | None = None  # where the last run stopped (see _Run.where)
         self._len_called: int | None = None
@@ -488,18 +491,22 @@ class DataLoader(Generic[T]):
     def __iter__(self) -> Iterator[T]:
         epoch, skip, base_seed, done, replicas = self._epoch, 0, None, [], None
         persistent = self.persistent_workers and self.num_workers > 0
+        replayed = None
         if self._resume is not None:
             resume, self._resume = self._resume, None
             epoch, skip, base_seed = resume["epoch"], resume["batches"], resume.get("base_seed")
             done, replicas = resume.get("done") or [], resume.get("replicas")
+            replayed = resume.get("replayed")
             if resume["finished"]:
                 # the saved epoch had ended: replay its draws (no fetching) and go on to the next
                 if self._own_sampler and self.seed is not None and hasattr(self.sampler, "set_epoch"):
                     self.sampler.set_epoch(epoch)
-                if not self._iterable and resume["replay"]:
+                if replayed is not None:
+                    self._replay_ended(replayed)
+                elif not self._iterable and resume["replay"]:
                     for _ in self._index_sampler:
                         pass
-                epoch, skip, done, replicas = epoch + 1, 0, [], None
+                epoch, skip, done, replicas, replayed = epoch + 1, 0, [], None, None
                 if not persistent:
                     base_seed = None  # torch draws a new one for every iterator
         self._epoch = epoch + 1
@@ -516,7 +523,7 @@ class DataLoader(Generic[T]):
             seed = base_seed if base_seed is not None else self._draw_base_seed(epoch)
             pool = self._inline_pool(seed)
         run = _Run(self, pool, epoch, skip, owns_pool=not persistent and pool is not self._inline, done=done,
-                   replicas=replicas)
+                   replicas=replicas, replayed=replayed)
         self._runs.add(run)
         self._last_ref = weakref.ref(run)
         self._last_pool = pool  # closed with its run; kept for stats()
@@ -668,25 +675,46 @@ class DataLoader(Generic[T]):
                 for key in ("done", "replicas"):
                     if where.get(key):
                         state[key] = where[key]
-            state.update(base_seed=where["base_seed"], sampler=self._sampler_state())
+            state.update(base_seed=where["base_seed"], sampler=self._sampler_state(where))
+            if where.get("replayed") is not None:
+                replayed = where["replayed"]
+                state["replayed"] = dict(replayed, rngs=replay.as_json(replayed["rngs"]))
             gstate = where["generator"]
         if gstate is not None:
             state["generator"] = base64.b64encode(bytes(gstate.numpy().tobytes())).decode("ascii")
         return state
 
-    def _sampler_state(self) -> Any:
-        """The index sampler's state: how its most recent iteration began."""
-        if self._iterable:
+    def _sampler_state(self, where: dict[str, Any]) -> Any:
+        """The index sampler's state: how its most recent iteration began (None for a sampler
+        resumed by replaying: ``where["replayed"]`` holds how)."""
+        if self._iterable or self._replays() or _is_stateless(self._index_sampler):
             return None
+        return self._index_sampler.state_dict()
+
+    def _replays(self) -> bool:
+        """True when the index sampler keeps no state (torch's samplers, a list, a custom
+        one): a resumed epoch replays it from the RNG states its iteration began with
+        (``replay``)."""
+        if self._iterable:
+            return False
         sampler = self._index_sampler
-        sd = getattr(sampler, "state_dict", None)
-        if sd is None or (isinstance(sampler, BatchSampler) and getattr(sampler.sampler, "state_dict", None) is None):
-            if _is_stateless(sampler):
-                return None
-            name = type(sampler.sampler if isinstance(sampler, BatchSampler) else sampler).__name__
-            raise TypeError(f"{name} has no state_dict(): implement state_dict() and load_state_dict() "
-                            "on the sampler to make this loader resumable")
-        return sd()
+        if getattr(sampler, "state_dict", None) is None or (
+                isinstance(sampler, BatchSampler) and getattr(sampler.sampler, "state_dict", None) is None):
+            return not _is_stateless(sampler)
+        return False
+
+    def _replay_ended(self, replayed: dict[str, Any]) -> None:
+        """Draw the whole ended epoch again from its RNG states (no fetching), checking what
+        it draws, so the next epoch draws as it would have after it."""
+        sampler = self._index_sampler
+        got = n = 0
+        with replay.Replaying(replayed["rngs"], sampler):
+            for b in sampler:
+                got = replay.digest(got, b)
+                n += 1
+        problem = replay.check(sampler, replayed.get("digest"), got, n, int(replayed.get("batches", n)))
+        if problem:
+            warnings.warn(problem, UserWarning, stacklevel=3)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from ``state``: the rest of the interrupted epoch, then the same epochs after."""
@@ -705,6 +733,10 @@ class DataLoader(Generic[T]):
         if state.get("seed") != self.seed:
             raise ValueError(f"this state was saved with seed={state.get('seed')}, this loader has seed={self.seed}")
         sampler_state = state.get("sampler")
+        replayed = state.get("replayed") if self._replays() else None
+        if replayed is not None and not (isinstance(replayed, dict) and isinstance(replayed.get("rngs"), dict)):
+            raise ValueError(f"state['replayed'] should hold the RNG states of a sampler without "
+                             f"state_dict(), got {replayed!r:.200}")
         if sampler_state is not None:
             sampler = self._index_sampler
             load = getattr(sampler, "load_state_dict", None)
@@ -727,7 +759,8 @@ class DataLoader(Generic[T]):
             raise ValueError(f"state['replicas'] should count the batches of each replica, got {replicas!r:.200}")
         self._resume = {"epoch": int(state["epoch"]) - replay, "batches": int(state["batches"]),
                         "base_seed": state.get("base_seed"), "finished": replay,
-                        "replay": sampler_state is not None, "done": done, "replicas": replicas}
+                        "replay": sampler_state is not None, "done": done, "replicas": replicas,
+                        "replayed": replayed}
         self._loaded = dict(state)
         self._epoch = int(state["epoch"])
 
@@ -1483,7 +1516,8 @@ class _Run(Generic[T]):
     """One pass over the data: what ``iter(loader)`` returns."""
 
     def __init__(self, loader: DataLoader[T], pool: _Pool, epoch: int, skip: int, *, owns_pool: bool,
-                 done: Iterable[int] = (), replicas: Iterable[int] | None = None) -> None:
+                 done: Iterable[int] = (), replicas: Iterable[int] | None = None,
+                 replayed: dict[str, Any] | None = None) -> None:
         self.loader = loader
         self.pool = pool
         self.epoch = epoch
@@ -1522,6 +1556,7 @@ class _Run(Generic[T]):
         self.dropping = self.drop_any + sum(self.drop_counts)  # batches still to drop
         self.prefix_base = skip  # position of this run's first batch (map-style, none left out)
         self.slices = _Slices.of(loader, skip) if pool.spec.gather and not self.ahead else None
+        self.rngs: replay.Mark | dict[str, Any] | None = None  # a sampler without state_dict: _replayed_batches
         self.ready: collections.deque[Any] = collections.deque()  # batches of one bulk gather
         # torch's iterator with workers takes its first prefetch_factor * num_workers batches of
         # indices when it is made (drawing the order then, and from a shared generator before
@@ -1534,14 +1569,18 @@ class _Run(Generic[T]):
             self.batches: Iterator[Any] = self.slices
             self.slices.begin(primed > 0)
         else:
-            self.batches = iter(loader._index_sampler)  # a stream's: placeholders, never skipped
+            start = 0  # position of the sampler's next batch
+            if loader._replays():
+                self.batches, start = self._replayed_batches(skip, replayed)
+            else:
+                self.batches = iter(loader._index_sampler)  # a stream's: placeholders, never skipped
             if self.ahead:
                 self.positions = []
                 # a copy: ``ahead`` loses each position as the prefix passes it, and the
                 # sampler is read lazily (without workers, up to the batch being made)
-                self.batches = self._leave_out(self.batches, skip, frozenset(self.ahead), self.positions)
-            elif skip and not iterable:
-                self.batches = itertools.islice(self.batches, skip, None)
+                self.batches = self._leave_out(self.batches, skip, frozenset(self.ahead), self.positions, start)
+            elif skip > start and not iterable:
+                self.batches = itertools.islice(self.batches, skip - start, None)
             if primed:
                 head = list(itertools.islice(self.batches, primed))
                 self.batches = itertools.chain(head, self.batches)
@@ -1563,10 +1602,61 @@ class _Run(Generic[T]):
         self.lean = False
         self._quick_fetch: Callable[[Any], Any] | None = None
 
+    def _replayed_batches(self, skip: int, replayed: dict[str, Any] | None) -> tuple[Iterator[Any], int]:
+        """The batches of a sampler without state_dict (``DataLoader._replays``), and the
+        position of the first: the RNG states its iteration begins with are noted, and each
+        batch drawn extends a digest (``replay``). A resumed epoch (``replayed``) draws its
+        first ``skip`` batches and one more under the saved RNG states, checks them, and
+        goes on from position ``skip``."""
+        sampler = self.loader._index_sampler
+        self.digests = array.array("I")  # the digest after each position from ``digest_base`` on
+        if replayed is None:
+            self.rngs = replay.Mark(sampler, self.loader._rng_use)
+            self.digest_base, self.digest_at_base = 0, 0
+            return self._digesting(iter(sampler)), 0
+        self.rngs = replayed["rngs"]
+        got = n = 0
+        with replay.Replaying(self.rngs, sampler):
+            raw = iter(sampler)
+            for b in itertools.islice(raw, skip):
+                got = replay.digest(got, b)
+                n += 1
+            # the first batch after them is drawn here too: a sampler may draw its order from
+            # a global RNG at its first batch (torch's RandomSampler does)
+            head = list(itertools.islice(raw, 1))
+        problem = replay.check(sampler, replayed.get("digest"), got, n, skip)
+        if problem:
+            warnings.warn(problem, UserWarning, stacklevel=4)
+        self.digest_base, self.digest_at_base = n, got
+        return self._digesting(itertools.chain(head, raw)), n
+
+    def _digesting(self, batches: Iterator[Any]) -> Iterator[Any]:
+        digests = self.digests
+        d = self.digest_at_base
+        learn = isinstance(self.rngs, replay.Mark) and self.loader._rng_use is replay.GLOBALS
+        for b in batches:
+            if learn:
+                # the global RNGs the sampler's first draw moved: later epochs' marks take
+                # those alone (and torch's, cheap to copy); see replay.Mark
+                self.loader._rng_use = self.rngs.moved() | {"torch"}
+                learn = False
+            d = replay.digest(d, b)
+            digests.append(d)
+            yield b
+
+    def _replayed_where(self) -> dict[str, Any]:
+        """How a resumed epoch replays this run's sampler up to the position handed out (the
+        RNG states are written as JSON when a state is asked for: DataLoader._position)."""
+        k = self.prefix - self.digest_base
+        d = self.digest_at_base if k <= 0 else self.digests[k - 1]
+        return {"rngs": self.rngs, "batches": self.prefix, "digest": d}
+
     @staticmethod
-    def _leave_out(batches: Iterator[Any], skip: int, done: frozenset[int], positions: list[int]) -> Iterator[Any]:
-        """The batches from ``skip`` on but those at ``done``, noting each one's position."""
-        for p, b in enumerate(batches):
+    def _leave_out(batches: Iterator[Any], skip: int, done: frozenset[int], positions: list[int],
+                   start: int = 0) -> Iterator[Any]:
+        """The batches from ``skip`` on but those at ``done``, noting each one's position
+        (the first of ``batches`` is at ``start``)."""
+        for p, b in enumerate(batches, start):
             if p >= skip and p not in done:
                 positions.append(p)
                 yield b
@@ -2056,6 +2146,8 @@ class _Run(Generic[T]):
             where["done"] = sorted(self.ahead)  # handed out of order, beyond ``batches``
         if self.replicas_done:
             where["replicas"] = list(self.replicas_done)  # batches each replica of the stream handed out
+        if self.rngs is not None:
+            where["replayed"] = self._replayed_where()
         return where
 
     def _finish(self) -> None:
