@@ -175,3 +175,27 @@ def test_tuple_subclasses_keep_their_items_whatever_their_constructor() -> None:
     out = tree_map(lambda x: x + 10, Pair(1, 2))
     assert type(out) is Pair and tuple(out) == (11, 12)
     assert type(tree_map(lambda x: x, torch.Size([3, 4]))) is torch.Size
+
+
+class SparseSamples(tud.Dataset):
+    """A sparse COO tensor (which refuses ``nbytes``) beside a dense one, per sample."""
+
+    def __len__(self) -> int:
+        return 12
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        return {"s": torch.eye(3).to_sparse() * (i + 1), "d": torch.full((4,), float(i))}
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("kw", [*SETTINGS, {"num_workers": 2}, {"num_workers": "auto"}],
+                         ids=[*IDS, "adaptive", "auto"])
+def test_sparse_tensors_pass_unbatched_as_torchs_loader_passes_them(kw: dict[str, Any]) -> None:
+    # the adaptive probe measured every leaf's nbytes, and a sparse tensor raised RuntimeError
+    want = list(tud.DataLoader(SparseSamples(), batch_size=None))
+    with conveyor.DataLoader(SparseSamples(), batch_size=None, **kw) as loader:
+        got = list(loader)
+    assert len(got) == len(want)
+    for a, b in zip(got, want):
+        assert a["s"].layout == torch.sparse_coo
+        assert torch.equal(a["s"].to_dense(), b["s"].to_dense()) and torch.equal(a["d"], b["d"])

@@ -806,7 +806,10 @@ def _nbytes(batch: Any) -> int:
 
     def leaf(obj: Any) -> None:
         nonlocal total
-        n = getattr(obj, "nbytes", None)
+        try:
+            n = getattr(obj, "nbytes", None)
+        except RuntimeError:  # a sparse torch tensor has no nbytes: left out of the estimate
+            return
         if isinstance(n, int):
             total += n
 
