@@ -572,14 +572,17 @@ class SlowAt(torch.utils.data.Dataset):
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.parametrize("replayed", [False, True], ids=["own-sampler", "list-sampler"])
 @pytest.mark.parametrize("resume_in_order, resume_workers", [(False, 2), (True, 2), (True, 0), (False, 0)])
-def test_resume_after_batches_handed_out_of_order(resume_in_order: bool, resume_workers: int) -> None:
+def test_resume_after_batches_handed_out_of_order(resume_in_order: bool, resume_workers: int,
+                                                  replayed: bool) -> None:
     # with in_order=False the user may have received batches 0, 1, 3 and 5 while 2 is still
     # being made: the state must name those, and the resumed epoch give exactly the others
-    # (also without workers, where the sampler is read one batch at a time)
+    # (also without workers, where the sampler is read one batch at a time; and for a sampler
+    # without state_dict, replayed past the batches handed out)
     def make_loader(in_order: bool, workers: int = 2) -> DataLoader[Any]:
         return DataLoader(SlowAt(24, {4, 5}), batch_size=2, num_workers=workers, in_order=in_order,
-                          adaptive=False, seed=1)
+                          adaptive=False, seed=1, sampler=list(range(24)) if replayed else None)
 
     first = make_loader(False)
     with first:
