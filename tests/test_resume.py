@@ -801,3 +801,37 @@ def test_an_array_dataset_resumes_past_batches_handed_out_of_order() -> None:
     loader.load_state_dict(state)
     firsts = [int(b[0][0]) for b in loader]
     assert firsts == [0, 8, 16, 20, 24, 28]
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("kind", ["torch-random", "own-rng"])
+def test_replayed_epochs_taken_by_length_resume_exactly(kind: str, workers: int) -> None:
+    """A trainer that knows len(loader) (Lightning) takes that many batches and starts the next
+    epoch without the iterator's StopIteration. torch's RandomSampler draws one more
+    permutation when its iterator runs out: a resumed epoch, which looks ahead from where it
+    starts, ran it out where the saved one had not, and its later epochs drew other orders."""
+    def epochs_by_length(loader: DataLoader[Any], count: int, state: Any = None,
+                         save_at: int | None = None) -> tuple[list[list[int]], Any]:
+        got, saved = [], None
+        with loader:
+            if state is not None:
+                loader.load_state_dict(state)
+            for e in range(count):
+                it = iter(loader)
+                todo = len(loader) if e or state is None else len(loader) - state["batches"]
+                for _ in range(todo):
+                    got.append(next(it).tolist())
+                    if save_at is not None and len(got) == save_at:
+                        saved = json.loads(json.dumps(loader.state_dict()))
+        return got, saved
+
+    def build() -> DataLoader[Any]:
+        # (with workers, adaptive: cheap batches are made in the main process, one at a time)
+        return make(kind, n=24, batch_size=4, num_workers=workers, worker_type="thread")
+
+    step = len(build()) + 4  # two batches before the end of the second epoch
+    ref, state = epochs_by_length(build(), 4, save_at=step)
+    assert state["batches"] == 4
+    rest, _ = epochs_by_length(build(), 3, state=state)
+    assert rest == ref[step:]

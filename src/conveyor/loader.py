@@ -512,6 +512,8 @@ class DataLoader(Generic[T]):
         self._epoch = epoch + 1
         if self._own_sampler and self.seed is not None and hasattr(self.sampler, "set_epoch"):
             self.sampler.set_epoch(epoch)
+        for old in list(self._runs):
+            old._run_out_sampler()
         if persistent:
             if self._persistent is None or self._persistent.dead:
                 self._persistent = _Pool(self, base_seed if base_seed is not None
@@ -1632,6 +1634,29 @@ class _Run(Generic[T]):
             warnings.warn(problem, UserWarning, stacklevel=4)
         self.digest_base, self.digest_at_base = n, got
         return self._digesting(itertools.chain(head, raw)), n
+
+    def _run_out_sampler(self) -> None:
+        """A new epoch begins and this one has handed out every batch without reaching the
+        end of its sampler (a trainer that counts len(loader) batches never asks for the
+        StopIteration): take the sampler to its end now, for a sampler replayed without
+        state_dict. torch's RandomSampler draws one more permutation when its iterator runs
+        out, and a resumed epoch, which looks ahead from where it starts, may run it out
+        where the saved one did not: ending every such epoch alike keeps the next epochs'
+        draws the same in both."""
+        if self.rngs is None or self.sampler_done or self.loader._device_stage is not None:
+            return
+        try:
+            total = len(self.loader._index_sampler)
+        except TypeError:
+            return
+        if self.prefix < total:
+            return
+        try:
+            extra = next(self.batches)
+        except StopIteration:
+            self.sampler_done = True
+            return
+        self.batches = itertools.chain([extra], self.batches)  # its length was wrong: keep it
 
     def _digesting(self, batches: Iterator[Any]) -> Iterator[Any]:
         digests = self.digests
