@@ -805,12 +805,13 @@ def test_an_array_dataset_resumes_past_batches_handed_out_of_order() -> None:
 
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("workers", [0, 2])
-@pytest.mark.parametrize("kind", ["torch-random", "own-rng"])
-def test_replayed_epochs_taken_by_length_resume_exactly(kind: str, workers: int) -> None:
+@pytest.mark.parametrize("kind", ["torch-random", "own-rng", "shuffle-generator"])
+def test_epochs_taken_by_length_resume_exactly(kind: str, workers: int) -> None:
     """A trainer that knows len(loader) (Lightning) takes that many batches and starts the next
-    epoch without the iterator's StopIteration. torch's RandomSampler draws one more
-    permutation when its iterator runs out: a resumed epoch, which looks ahead from where it
-    starts, ran it out where the saved one had not, and its later epochs drew other orders."""
+    epoch without the iterator's StopIteration. torch's RandomSampler (and the loader's own in
+    torch mode) draws one more permutation when its iterator runs out: a resumed epoch, which
+    looks ahead from where it starts, ran it out where the saved one had not, and its later
+    epochs drew other orders."""
     def epochs_by_length(loader: DataLoader[Any], count: int, state: Any = None,
                          save_at: int | None = None) -> tuple[list[list[int]], Any]:
         got, saved = [], None

@@ -1638,12 +1638,12 @@ class _Run(Generic[T]):
     def _run_out_sampler(self) -> None:
         """A new epoch begins and this one has handed out every batch without reaching the
         end of its sampler (a trainer that counts len(loader) batches never asks for the
-        StopIteration): take the sampler to its end now, for a sampler replayed without
-        state_dict. torch's RandomSampler draws one more permutation when its iterator runs
-        out, and a resumed epoch, which looks ahead from where it starts, may run it out
-        where the saved one did not: ending every such epoch alike keeps the next epochs'
-        draws the same in both."""
-        if self.rngs is None or self.sampler_done or self.loader._device_stage is not None:
+        StopIteration): take the sampler to its end now. torch's RandomSampler (and the
+        loader's own in torch mode) draws one more permutation when its iterator runs out,
+        and a resumed epoch, which looks ahead from where it starts, may run it out where
+        the saved one did not: ending every such epoch alike keeps the next epochs' draws
+        the same in both (as torch's loader with workers, which looks ahead too, does)."""
+        if self.loader._iterable or self.sampler_done or self.loader._device_stage is not None:
             return
         try:
             total = len(self.loader._index_sampler)
