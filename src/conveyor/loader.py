@@ -668,9 +668,13 @@ class DataLoader(Generic[T]):
             state.update(epoch=self._epoch, batches=0, replay=False, sampler=None)
             gstate = gen.get_state() if _torch.is_generator(gen) else None
         else:
-            if where["finished"]:
+            if where["finished"] or self._handed_all(where):
                 # the next epoch starts afresh, after replaying (without fetching) the draws of
-                # the one that ended, which is what the sampler's state describes
+                # the one that ended, which is what the sampler's state describes. An epoch
+                # whose every batch was handed out has ended too, StopIteration or not: a
+                # trainer that counts len(loader) batches (Lightning) saves there and then
+                # asks for the next epoch, as it would of this loader (torchdata's
+                # StatefulDataLoader resumes such a state at the next epoch as well)
                 state.update(epoch=where["epoch"] + 1, batches=0, replay=True)
             else:
                 state.update(epoch=where["epoch"], batches=where["batches"], replay=False)
@@ -685,6 +689,15 @@ class DataLoader(Generic[T]):
         if gstate is not None:
             state["generator"] = base64.b64encode(bytes(gstate.numpy().tobytes())).decode("ascii")
         return state
+
+    def _handed_all(self, where: dict[str, Any]) -> bool:
+        """True when a map-style epoch has handed out all of its batches."""
+        if self._iterable:
+            return False
+        try:
+            return bool(where["batches"] >= len(self._index_sampler))
+        except TypeError:  # a sampler without a length
+            return False
 
     def _sampler_state(self, where: dict[str, Any]) -> Any:
         """The index sampler's state: how its most recent iteration began (None for a sampler
