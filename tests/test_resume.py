@@ -859,3 +859,38 @@ def test_epochs_taken_by_length_resume_exactly(kind: str, workers: int) -> None:
     assert state["batches"] == 4
     rest, _ = epochs_by_length(build(), 3, state=state)
     assert rest == ref[step:]
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("stop", ["mid-epoch", "epoch-end"])
+def test_torchs_distributed_sampler_resumes_with_the_callers_set_epoch(stop: str, workers: int) -> None:
+    """torch's DistributedSampler (no state_dict) in the usual loop: set_epoch before each
+    epoch, on resume too. Resumed at an epoch's end, the caller has already set the next
+    epoch when the loader replays the ended one: that replay drew another order and warned."""
+    def build() -> tuple[Any, DataLoader[Any]]:
+        sampler = torch.utils.data.DistributedSampler(range(20), num_replicas=2, rank=1, shuffle=True, seed=7)
+        return sampler, DataLoader(Noisy(20), batch_size=3, sampler=sampler, num_workers=workers,
+                                   worker_type="thread", seed=2)
+
+    def train(first_epoch: int, state: Any = None, save_after: int = -1) -> tuple[list[Any], Any]:
+        sampler, loader = build()
+        got, saved = [], None
+        with loader:
+            if state is not None:
+                loader.load_state_dict(state)
+            for epoch in range(first_epoch, 4):
+                sampler.set_epoch(epoch)
+                for batch in loader:
+                    got.append(batch.tolist())
+                    if len(got) == save_after:
+                        saved = epoch, json.loads(json.dumps(loader.state_dict()))
+                if stop == "epoch-end" and epoch == 1 and state is None:
+                    saved = epoch + 1, json.loads(json.dumps(loader.state_dict()))
+        return got, saved
+
+    ref, (epoch, state) = train(0, save_after=6)  # 4 batches an epoch: the second epoch's third
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        rest, _ = train(epoch, state)
+    assert rest == ref[8 if stop == "epoch-end" else 6:]

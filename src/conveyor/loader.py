@@ -720,15 +720,23 @@ class DataLoader(Generic[T]):
 
     def _replay_ended(self, replayed: dict[str, Any]) -> None:
         """Draw the whole ended epoch again from its RNG states (no fetching), checking what
-        it draws, so the next epoch draws as it would have after it."""
+        it draws, so the next epoch draws as it would have after it.
+
+        A sampler with ``set_epoch`` (torch's DistributedSampler) takes its epoch from the
+        caller, who has set the next one by now: the replay draws that one, so it is not
+        checked, and without generators of its own there is nothing for it to advance."""
         sampler = self._index_sampler
+        inner = getattr(sampler, "sampler", None) or sampler
+        told = callable(getattr(inner, "set_epoch", None))
+        if told and not replayed["rngs"].get("own"):
+            return
         got = n = 0
         with replay.Replaying(replayed["rngs"], sampler):
             for b in sampler:
                 got = replay.digest(got, b)
                 n += 1
         problem = replay.check(sampler, replayed.get("digest"), got, n, int(replayed.get("batches", n)))
-        if problem:
+        if problem and not told:
             warnings.warn(problem, UserWarning, stacklevel=3)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
