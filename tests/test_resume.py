@@ -78,16 +78,13 @@ class Stateless(torch.utils.data.Sampler):
         return iter(range(self.n - 1, -1, -1))
 
 
-class OwnRng(torch.utils.data.Sampler):
+class OwnRng(Stateless):
     """A custom sampler without state_dict that draws each epoch's order from a numpy
     generator it holds: replayed from the generator's state at the epoch's start."""
 
     def __init__(self, n: int, seed: int) -> None:
-        self.n = n
+        super().__init__(n)
         self.rng = np.random.default_rng(seed)
-
-    def __len__(self) -> int:
-        return self.n
 
     def __iter__(self) -> Iterator[int]:
         return iter(self.rng.permutation(self.n).tolist())
@@ -210,15 +207,21 @@ def test_state_is_plain_versioned_json(kind: str) -> None:
     assert isinstance(state.get("version"), int)
 
 
-@pytest.mark.parametrize("kind", ["shuffle-seed", "shuffle-generator", "sequential", "weighted", "subset",
-                                  "random-sampler"])
-def test_state_size_does_not_grow_with_the_dataset(kind: str) -> None:
+def state_sizes(kind: str) -> list[int]:
+    """Bytes of JSON of the state after one batch, for 100 samples and for a million."""
     sizes = []
     for n in (100, 1_000_000):
         with make(kind, n=n, batch_size=8) as loader:
             it = iter(loader)
             next(it)
             sizes.append(len(json.dumps(loader.state_dict())))
+    return sizes
+
+
+@pytest.mark.parametrize("kind", ["shuffle-seed", "shuffle-generator", "sequential", "weighted", "subset",
+                                  "random-sampler"])
+def test_state_size_does_not_grow_with_the_dataset(kind: str) -> None:
+    sizes = state_sizes(kind)
     assert sizes[1] < 20_000, sizes
     assert abs(sizes[1] - sizes[0]) < 64, sizes  # only the digits of the length may differ
 
@@ -228,12 +231,7 @@ def test_state_of_a_replayed_sampler_does_not_grow_with_the_dataset(kind: str) -
     # the global RNGs' states (~13 KB of base64) and the sampler's own generator (<7 KB);
     # numpy's is there once numpy.random is imported (Noisy imports it): import it first
     np.random.get_state()
-    sizes = []
-    for n in (100, 1_000_000):
-        with make(kind, n=n, batch_size=8) as loader:
-            it = iter(loader)
-            next(it)
-            sizes.append(len(json.dumps(loader.state_dict())))
+    sizes = state_sizes(kind)
     assert sizes[1] < 24_000, sizes
     assert abs(sizes[1] - sizes[0]) < 64, sizes
 
@@ -359,16 +357,13 @@ def test_sampler_without_state_dict_resumes_by_replaying(sampler: Any, as_batch_
     assert got == expected_after(ref, len(ref[0]) + 2)
 
 
-class Counting(torch.utils.data.Sampler):
+class Counting(Stateless):
     """Without state_dict, and its order follows from how often it was iterated: a new
     sampler cannot replay the saved one's later epochs."""
 
     def __init__(self, n: int) -> None:
-        self.n = n
+        super().__init__(n)
         self.calls = 0
-
-    def __len__(self) -> int:
-        return self.n
 
     def __iter__(self) -> Iterator[int]:
         self.calls += 1
@@ -403,13 +398,7 @@ def test_a_sampler_drawing_from_a_global_rng_resumes_exactly(which: str, workers
     saved run's, and the resume leaves the caller's RNGs as it found them."""
     import random
 
-    class GlobalDraws(torch.utils.data.Sampler):
-        def __init__(self, n: int) -> None:
-            self.n = n
-
-        def __len__(self) -> int:
-            return self.n
-
+    class GlobalDraws(Stateless):
         def __iter__(self) -> Iterator[int]:
             if which == "numpy":
                 return iter(np.random.permutation(self.n).tolist())
