@@ -4,9 +4,10 @@ Run on CPU with two processes (gloo)::
 
     torchrun --nproc_per_node 2 examples/ddp_train.py --epochs 3 --ckpt /tmp/ddp_ckpt
 
-Kill it mid-run and start the same command again: every rank reloads the
-model, the optimiser and its own loader state, and continues with exactly the
-batches the uninterrupted run would have seen. Add ``--backend nccl`` on GPUs.
+Kill it mid-run (or pass ``--stop-at STEP``) and start the same command again:
+every rank reloads the model, the optimiser and its own loader state, and
+continues with exactly the batches the uninterrupted run would have seen (the
+final weights it prints are the same). Add ``--backend nccl`` on GPUs.
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ def main() -> None:
     p.add_argument("--backend", default="gloo")
     p.add_argument("--ckpt", type=Path, default=None, help="directory for per-rank checkpoints")
     p.add_argument("--save-every", type=int, default=10, help="steps between checkpoints")
+    p.add_argument("--stop-at", type=int, default=None, help="stop right after this step, as if killed")
     args = p.parse_args()
 
     dist.init_process_group(args.backend)
@@ -68,16 +70,19 @@ def main() -> None:
         saved: dict[str, Any] = torch.load(ckpt, weights_only=False)
         model.module.load_state_dict(saved["model"])
         opt.load_state_dict(saved["opt"])
-        loader.load_state_dict(json.loads(saved["loader"]))  # plain JSON: readable, diffable
-        start_epoch, step = saved["epoch"], saved["step"]
+        state = json.loads(saved["loader"])  # plain JSON: readable, diffable
+        loader.load_state_dict(state)
+        # the loader's state names the epoch to go on with: the interrupted one, or the next
+        # when the checkpoint came after an epoch's last batch
+        start_epoch, step = state["epoch"], saved["step"]
         print(f"[rank {rank}] resumed at epoch {start_epoch}, step {step}", flush=True)
 
-    def save(epoch: int) -> None:
+    def save() -> None:
         if ckpt is None:
             return
         ckpt.parent.mkdir(parents=True, exist_ok=True)
         tmp = ckpt.with_suffix(".tmp")
-        torch.save({"model": model.module.state_dict(), "opt": opt.state_dict(), "epoch": epoch, "step": step,
+        torch.save({"model": model.module.state_dict(), "opt": opt.state_dict(), "step": step,
                     "loader": json.dumps(loader.state_dict())}, tmp)
         tmp.replace(ckpt)
 
@@ -91,12 +96,17 @@ def main() -> None:
             opt.step()
             total, count, step = total + loss.item(), count + 1, step + 1
             if step % args.save_every == 0:
-                save(epoch)
-        save(epoch + 1)
+                save()
+            if step == args.stop_at:
+                os._exit(0)  # as if killed: no cleanup, no end-of-epoch checkpoint
+        save()
         mean = torch.tensor([total / max(count, 1)], device=device)
         dist.all_reduce(mean)
         if rank == 0:
             print(f"epoch {epoch}: loss {mean.item() / world:.4f} ({count} steps per rank)", flush=True)
+    if rank == 0:
+        weights = torch.cat([p.detach().flatten() for p in model.parameters()])
+        print(f"final weights: sum {weights.sum().item():.9f}", flush=True)
     loader.close()
     dist.destroy_process_group()
 
