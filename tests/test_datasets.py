@@ -336,6 +336,31 @@ def test_csv_column_selection(tmp_path: Path) -> None:
         CSVDataset(plain, label_columns=[7])
 
 
+@pytest.mark.parametrize("header", [True, False])
+def test_csv_saved_with_a_byte_order_mark(tmp_path: Path, header: bool) -> None:
+    # Excel's "CSV UTF-8" starts the file with one: it was kept in the first column's name
+    # (so feature_columns=["a"] found no column), or made the first number unreadable
+    path = tmp_path / "excel.csv"
+    lines = (["a,b,label"] if header else []) + ["1,2,0", "3,4,1"]
+    path.write_bytes(b"\xef\xbb\xbf" + "\r\n".join(lines).encode() + b"\r\n")
+    ds = CSVDataset(path, feature_columns=["a", "b"] if header else None)
+    assert ds.columns == (["a", "b", "label"] if header else None)
+    np.testing.assert_array_equal(ds.features, [[1, 2], [3, 4]])
+
+
+@pytest.mark.parametrize("text, hint", [
+    ("a,b,label\n1,2,0\n3,,1\n", "empty field"),
+    ("a;b;label\n1;2;0\n", "pass delimiter=';'"),
+    ("a,b,label\n1,2,cat\n", "numbers only"),
+], ids=["missing-value", "other-delimiter", "text-column"])
+def test_csv_that_numpy_cannot_read_names_the_file_and_the_likely_cause(tmp_path: Path, text: str, hint: str) -> None:
+    path = tmp_path / "bad.csv"
+    path.write_text(text)
+    with pytest.raises(ValueError, match="bad.csv") as info:
+        CSVDataset(path)
+    assert hint in str(info.value)
+
+
 # ---------------------------------------------------------------- ImageFolder
 
 

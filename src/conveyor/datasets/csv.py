@@ -21,14 +21,32 @@ __all__ = ["CSVDataset"]
 Columns = int | str | slice | Sequence[int | str]
 
 
+# utf-8-sig: a CSV saved by Excel starts with a byte-order mark, which utf-8 would keep in
+# the first column's name (or make the first number unreadable)
+ENCODING = "utf-8-sig"
+
+
 def _open(path: str | os.PathLike[str]) -> IO[str]:
     if os.fspath(path).endswith(".gz"):
-        return gzip.open(path, "rt", encoding="utf-8")
-    return open(path, encoding="utf-8")
+        return gzip.open(path, "rt", encoding=ENCODING)
+    return open(path, encoding=ENCODING)
 
 
 def _split(line: str, delimiter: str | None) -> list[str]:
     return [f.strip().strip('"').strip("'") for f in line.rstrip("\r\n").split(delimiter)]
+
+
+def _hint(first: str, delimiter: str | None, message: str) -> str:
+    """What may be wrong with a CSV numpy could not read."""
+    if delimiter is not None and delimiter not in first:
+        seen = [d for d in (";", "\t", "|", ",") if d != delimiter and d in first]
+        if seen:
+            return f" (the first line has no {delimiter!r} but has {seen[0]!r}: pass delimiter={seen[0]!r})"
+    if "string ''" in message:
+        return " (an empty field: fill in the missing values first)"
+    if "could not convert" in message:
+        return " (CSVDataset reads numbers only: encode text columns first, or leave them out with feature_columns and label_columns)"
+    return ""
 
 
 def _is_number(field: str) -> bool:
@@ -93,15 +111,19 @@ class CSVDataset(ArrayDataset):
         where = {c: k for k, c in enumerate(used)}
         label_dt = np.dtype(dtype if label_dtype is None else label_dtype)
         load_dt = np.dtype(dtype) if label_dt == np.dtype(dtype) else np.float64
-        table = np.loadtxt(
-            self.path,
-            delimiter=delimiter,
-            skiprows=1 if skip_header else 0,
-            usecols=used,
-            dtype=load_dt,
-            ndmin=2,
-            comments=comments,
-        )
+        try:
+            table = np.loadtxt(
+                self.path,
+                delimiter=delimiter,
+                skiprows=1 if skip_header else 0,
+                usecols=used,
+                dtype=load_dt,
+                ndmin=2,
+                comments=comments,
+                encoding=ENCODING,
+            )
+        except ValueError as e:
+            raise ValueError(f"{self.path}: {e}{_hint(first, delimiter, str(e))}") from e
         features = np.ascontiguousarray(table[:, [where[c] for c in feature_idx]], dtype=dtype)
         arrays: list[np.ndarray] = [features[:, 0] if features_1d else features]
         if labels_idx is not None:
