@@ -385,6 +385,25 @@ def test_bad_arguments_raise_like_torch(case: str) -> None:
     assert mine is theirs, f"{case}: conveyor raised {mine}, torch raised {theirs}"
 
 
+# torch takes these and fails at the first batch with a TypeError that names no argument
+# ("'int' object is not callable"): conveyor raises the same type when the loader is made
+LATE: dict[str, Callable[[], dict[str, Any]]] = {
+    "collate_fn": lambda: {"dataset": Squares(), "collate_fn": 3},
+    "worker_init_fn": lambda: {"dataset": Squares(), "num_workers": 1, "worker_init_fn": "init"},
+    "sampler": lambda: {"dataset": Squares(), "sampler": 3},
+    "batch_sampler": lambda: {"dataset": Squares(), "batch_sampler": 3},
+    "dataset": lambda: {"dataset": None},
+}
+
+
+@pytest.mark.parametrize("case", sorted(LATE))
+def test_arguments_torch_finds_wrong_only_when_iterated_are_refused_when_made(case: str) -> None:
+    assert _error_of(lambda: tud.DataLoader(**LATE[case]())) is None
+    assert _error_of(lambda: next(iter(tud.DataLoader(**LATE[case]())))) is TypeError
+    with pytest.raises(TypeError, match=case):
+        conveyor.DataLoader(**LATE[case]())
+
+
 @pytest.mark.parametrize("attr,value", [("batch_size", 4), ("sampler", [0]), ("batch_sampler", [[0]]),
                                         ("drop_last", True), ("dataset", [1, 2])])
 def test_setting_frozen_attribute_after_init(attr: str, value: Any) -> None:

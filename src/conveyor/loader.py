@@ -271,6 +271,18 @@ class DataLoader(Generic[T]):
             raise ValueError(f"max_worker_restarts must be a non-negative int, got {max_worker_restarts!r}")
         if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)):
             raise TypeError(f"seed must be an int, but got seed={seed!r}")
+        # torch takes these and fails at the first batch, with "'int' object is not callable"
+        # and no name: say which argument, and now
+        for name, fn in (("collate_fn", collate_fn), ("worker_init_fn", worker_init_fn)):
+            if fn is not None and not callable(fn):
+                raise TypeError(f"{name} should be callable, but got {name}={fn!r:.100}")
+        for name, order in (("sampler", sampler), ("batch_sampler", batch_sampler)):
+            if order is not None and not hasattr(order, "__iter__"):
+                raise TypeError(f"{name} should be an iterable of indices (a Sampler, a list), "
+                                f"but got {name}={order!r:.100}")
+        if not any(hasattr(dataset, m) for m in ("__getitem__", "__getitems__", "__iter__")):
+            raise TypeError("dataset should be a map-style dataset (with __getitem__) or an iterable one "
+                            f"(with __iter__), but got dataset={dataset!r:.100}")
 
         self.num_workers = num_workers
         self.prefetch_factor = prefetch_factor
