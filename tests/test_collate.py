@@ -157,6 +157,13 @@ def sample_batches() -> dict[str, list[Any]]:
         "np_c64": [arr(2, dt="complex64") for _ in range(2)],
         "np_0d": [np.array(1.5), np.array(2.5)],
         "np_mixed_dtype": [np.zeros(2, np.int32), np.ones(2, np.float32)],
+        # numpy arrays are stacked by numpy into the batch tensor: views of every layout
+        "np_flipped": [np.arange(6.0).reshape(2, 3)[::-1, ::-1] + i for i in range(3)],
+        "np_fortran": [np.asfortranarray(arr(3, 2)) for _ in range(3)],
+        "np_strided": [arr(4, 6)[::2, 1::3] for _ in range(2)],
+        "np_readonly": [np.frombuffer(bytes(range(i, i + 8)), dtype=np.uint8) for i in range(3)],
+        "np_masked": [np.ma.masked_array(np.arange(3.0), mask=[0, 1, 0]) for _ in range(2)],
+        "np_uint64": [np.arange(3, dtype=np.uint64) * (i + 1) for i in range(2)],
         "np_scalar_f32": [np.float32(1.5), np.float32(2)],
         "np_scalar_f64": [np.float64(1.5), np.float64(2)],
         "np_scalar_mixed": [np.float32(1), np.float64(2)],

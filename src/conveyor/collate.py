@@ -448,16 +448,34 @@ def collate_numpy_array_fn(
     if torch is None:
         return _numpy_stack(batch, _allocator.get())
     alloc = _allocator.get()
-    if (
-        alloc is not None
-        and _dtype_tables(torch)[1].get(elem.dtype.str) is not None
-        and collate_fn_map is not None
-        and _tensor_handler(collate_fn_map) is collate_tensor_fn
-    ):
-        buf = _stack_arrays_into(batch, alloc)
-        if buf is not None:
-            return torch.from_numpy(buf)
+    tdtype = _dtype_tables(torch)[1].get(elem.dtype.str)
+    if tdtype is not None and collate_fn_map is not None and _tensor_handler(collate_fn_map) is collate_tensor_fn:
+        if alloc is not None:
+            buf = _stack_arrays_into(batch, alloc)
+            if buf is not None:
+                return torch.from_numpy(buf)
+        out = _stack_arrays_torch(batch, torch, tdtype)
+        if out is not None:
+            return out
     return collate([torch.as_tensor(b) for b in batch], collate_fn_map=collate_fn_map)
+
+
+def _stack_arrays_torch(batch: Sequence[Any], torch: ModuleType, tdtype: Any) -> Any:
+    """np.stack into a new torch tensor, or None when the arrays do not all agree.
+
+    torch's way, a tensor per array and then torch.stack, costs ~1.4 us an array before
+    the stack: 52 us for 32 arrays of 16 floats against 15 us, and 5.6 against 2.6 ms for
+    32 float32 3x224x224 images. The values, dtype and shape are torch's, contiguous; as
+    with every batch conveyor builds through numpy, the storage cannot be resized
+    (``resize_``)."""
+    elem = batch[0]
+    dtype, shape = elem.dtype, elem.shape
+    for arr in batch:
+        if type(arr) is not np.ndarray or arr.dtype != dtype or arr.shape != shape:
+            return None
+    out = torch.empty((len(batch), *shape), dtype=tdtype)
+    np.stack(batch, out=out.numpy())
+    return out
 
 
 def _tensor_handler(collate_fn_map: CollateFnMap) -> Any:
@@ -527,6 +545,10 @@ def _numpy_stack(batch: Sequence[Any], alloc: Allocator | None) -> np.ndarray:
         buf = _stack_arrays_into(batch, alloc)
         if buf is not None:
             return buf
+    if any(type(arr) is not np.ndarray for arr in batch):
+        # a subclass (a masked array, a memmap) stacks into its own kind; torch's batch,
+        # which this is the numpy form of, holds the plain values
+        batch = [np.asarray(arr) for arr in batch]
     try:
         return np.stack(batch)
     except ValueError as exc:
