@@ -380,8 +380,8 @@ class DataLoader(Generic[T]):
         self.persistent_workers = persistent_workers
         self._epoch = 0
         self._resume: dict[str, Any] | None = None
-        # the global RNGs a sampler without state_dict draws from (replay.Mark), once seen
-        self._rng_use: frozenset[str] = replay.GLOBALS
+        # the global RNGs a sampler without state_dict draws from (replay.Mark); None: not seen yet
+        self._rng_use: frozenset[str] | None = None
         self._loaded: dict[str, Any] | None = None
         self._ended: dict[str, Any] | None = None  # where the last run stopped (see _Run.where)
         self._len_called: int | None = None
@@ -1649,7 +1649,7 @@ class _Run(Generic[T]):
         sampler = self.loader._index_sampler
         self.digests = array.array("I")  # the digest after each position from ``digest_base`` on
         if replayed is None:
-            self.rngs = replay.Mark(sampler, self.loader._rng_use)
+            self.rngs = replay.Mark(sampler, self.loader._rng_use or replay.GLOBALS)
             self.digest_base, self.digest_at_base = 0, 0
             return self._digesting(iter(sampler)), 0
         self.rngs = replayed["rngs"]
@@ -1694,7 +1694,7 @@ class _Run(Generic[T]):
     def _digesting(self, batches: Iterator[Any]) -> Iterator[Any]:
         digests = self.digests
         d = self.digest_at_base
-        learn = isinstance(self.rngs, replay.Mark) and self.loader._rng_use is replay.GLOBALS
+        learn = isinstance(self.rngs, replay.Mark) and self.loader._rng_use is None
         for b in batches:
             if learn:
                 # the global RNGs the sampler's first draw moved: later epochs' marks take
