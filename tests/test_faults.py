@@ -456,9 +456,15 @@ LAZY_TORCH_STREAM = textwrap.dedent("""
             for i in range(start, 40, step):
                 yield np.array([i])
 
+    def stack(batch):
+        return np.stack(batch)
+
     if __name__ == "__main__":
+        worker_type, batches = sys.argv[1:3]
+        kw = {"collate": {"collate_fn": stack}, "numpy": {"output": "numpy"}, "tensors": {}}[batches]
         assert "torch" not in sys.modules
-        with conveyor.DataLoader(Stream(), batch_size=4, num_workers=2, worker_type="thread", seed=1) as loader:
+        with conveyor.DataLoader(Stream(), batch_size=4, num_workers=2, worker_type=worker_type, seed=1,
+                                 **kw) as loader:
             got = sorted(int(x) for b in loader for x in b.flatten())
         assert got == list(range(40)), got
         print("OK")
@@ -466,12 +472,19 @@ LAZY_TORCH_STREAM = textwrap.dedent("""
 
 
 @pytest.mark.timeout(90)
-def test_thread_workers_answer_torchs_get_worker_info_for_a_dataset_importing_torch_late(
-        tmp_path: Path, script_env: dict[str, str]) -> None:
+@pytest.mark.parametrize("worker_type, batches", [("thread", "tensors"), ("thread", "collate"), ("thread", "numpy"),
+                                                  ("process", "collate")])
+def test_workers_answer_torchs_get_worker_info_for_a_dataset_importing_torch_late(
+        tmp_path: Path, script_env: dict[str, str], worker_type: str, batches: str) -> None:
     # torch's get_worker_info() is routed to each thread worker when it starts, if torch is
-    # there: a loader whose batches are tensors imports it before starting them (each thread
-    # read the whole stream before: every sample twice)
-    proc = run_script(tmp_path / "lazy_stream.py", LAZY_TORCH_STREAM, script_env, 75)
+    # there: a loader whose batches are tensors imports it before starting them. Where
+    # nothing needs torch (a collate_fn of the user's, numpy output), the worker gives torch
+    # its info the moment the dataset imports it (each worker read the whole stream before:
+    # every sample twice)
+    path = tmp_path / "lazy_stream.py"
+    path.write_text(LAZY_TORCH_STREAM)
+    proc = subprocess.run([sys.executable, str(path), worker_type, batches], capture_output=True, text=True,
+                          env=script_env, timeout=75, cwd=tmp_path)
     assert proc.returncode == 0 and "OK" in proc.stdout, proc.stderr[-3000:]
 
 

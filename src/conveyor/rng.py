@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from . import _torch
+from ._imports import find_wrapped
 
 __all__ = ["mix", "sample_seed", "seed_all", "worker_seed", "RngState"]
 
@@ -128,35 +129,14 @@ class _SeedOnImport:
     def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
         if self.pending is None or fullname != "numpy.random":
             return None
-        for finder in sys.meta_path:
-            find = getattr(finder, "find_spec", None)
-            if finder is self or find is None:
-                continue
-            spec = find(fullname, path, target)
-            if spec is not None:
-                if spec.loader is not None and hasattr(spec.loader, "exec_module"):
-                    spec.loader = _SeedAfterExec(spec.loader)
-                return spec
-        return None
+        return find_wrapped(self, fullname, path, target, _seed_imported)
 
 
-class _SeedAfterExec:
-    """``numpy.random``'s own loader, then the pending seed (the module keeps its own loader)."""
-
-    def __init__(self, inner: Any) -> None:
-        self.inner = inner
-
-    def create_module(self, spec: Any) -> Any:
-        return self.inner.create_module(spec)
-
-    def exec_module(self, module: Any) -> None:
-        module.__loader__ = self.inner
-        if getattr(module, "__spec__", None) is not None:
-            module.__spec__.loader = self.inner
-        self.inner.exec_module(module)
-        pending, _on_import.pending = _on_import.pending, None
-        if pending is not None:
-            _apply(module, pending)
+def _seed_imported(module: Any) -> None:
+    """``numpy.random`` has just run: the pending seed, if any."""
+    pending, _on_import.pending = _on_import.pending, None
+    if pending is not None:
+        _apply(module, pending)
 
 
 _on_import = _SeedOnImport()

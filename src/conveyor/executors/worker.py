@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .. import _torch, rng
+from .._imports import find_wrapped
 from ..collate import use_allocator
 from ..errors import Failure, capture
 from .fetchpool import Batch, FetchPool
@@ -77,11 +78,56 @@ def _set_info(info: WorkerInfo | None, *, thread: bool) -> None:
         # Datasets written for torch ask torch.utils.data.get_worker_info().
         try:
             from torch.utils.data._utils import worker as tworker
+        except ImportError:  # pragma: no cover - torch without its data utilities
+            return
+        _give_torch_info(tworker, info)
+    elif info is not None:
+        _watch_torch_import()  # a dataset that imports torch once it runs asks torch too
 
-            tworker._worker_info = tworker.WorkerInfo(
-                id=info.id, num_workers=info.num_workers, seed=info.seed, dataset=info.dataset)
-        except Exception:  # pragma: no cover - torch internals moved
-            pass
+
+def _give_torch_info(tworker: Any, info: WorkerInfo) -> None:
+    try:
+        tworker._worker_info = tworker.WorkerInfo(
+            id=info.id, num_workers=info.num_workers, seed=info.seed, dataset=info.dataset)
+    except Exception:  # pragma: no cover - torch internals moved
+        pass
+
+
+class _TorchDataImported:
+    """An import hook for a worker that started without torch, whose dataset imports it
+    later and asks ``torch.utils.data.get_worker_info()`` (to shard a stream, say): right
+    after ``torch.utils.data`` has run, a process worker's info is given to torch, and
+    thread workers' routing is put in place. Without it each worker heard ``None`` and
+    read the whole stream: every sample came once per worker."""
+
+    def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
+        if fullname != "torch.utils.data":
+            return None
+        return find_wrapped(self, fullname, path, target, _torch_data_imported)
+
+
+_torch_hook = _TorchDataImported()
+_route_threads = False  # thread workers have started: route torch's get_worker_info
+
+
+def _watch_torch_import() -> None:
+    if _torch_hook not in sys.meta_path:
+        sys.meta_path.insert(0, _torch_hook)
+
+
+def _torch_data_imported(tdata: Any) -> None:
+    """``torch.utils.data`` has just run (torch itself may still be importing: nothing here
+    waits for it)."""
+    tworker = sys.modules.get("torch.utils.data._utils.worker")
+    if tworker is None:  # pragma: no cover - torch internals moved
+        return
+    try:
+        if _process_info is not None:
+            _give_torch_info(tworker, _process_info)
+        if _route_threads:
+            _route(tdata, tworker)
+    except Exception:  # pragma: no cover - torch internals moved: never fail the user's import
+        pass
 
 
 _routed = threading.Lock()
@@ -94,17 +140,25 @@ def _route_torch_worker_info() -> None:
     wraps torch's function (once, on the first thread worker): in a thread of conveyor's
     it returns that worker's info, anywhere else exactly what torch's returns. A dataset
     module that imported the function by name before then keeps torch's (``None`` in
-    thread workers); ``conveyor.get_worker_info()`` answers everywhere.
+    thread workers); ``conveyor.get_worker_info()`` answers everywhere. Where torch is not
+    imported yet, it is routed the moment it is (``_TorchDataImported``).
     """
+    global _route_threads
     torch = _torch.loaded()
     if torch is None:
+        _route_threads = True
+        _watch_torch_import()
         return
+    try:
+        import torch.utils.data as tdata
+        from torch.utils.data._utils import worker as tworker
+    except ImportError:  # pragma: no cover - torch without its data utilities
+        return
+    _route(tdata, tworker)
+
+
+def _route(tdata: Any, tworker: Any) -> None:
     with _routed:
-        try:
-            import torch.utils.data as tdata
-            from torch.utils.data._utils import worker as tworker
-        except ImportError:  # pragma: no cover - torch without its data utilities
-            return
         original = tworker.get_worker_info
         if getattr(original, "_conveyor", False):
             return
