@@ -169,7 +169,8 @@ class Mark:
         moved = set()
         if now.py != self.py:
             moved.add("random")
-        if now.np is not None and (self.np is None or now.np[2] != self.np[2] or not np.array_equal(now.np[1], self.np[1])):
+        if now.np is not None and (self.np is None or now.np[2] != self.np[2]
+                                   or not np.array_equal(now.np[1], self.np[1])):
             moved.add("numpy")
         if now.torch is not None and (self.torch is None or not bool(now.torch.equal(self.torch))):
             moved.add("torch")

@@ -131,13 +131,13 @@ def report(snap: dict[str, Any], cores: int | None = None) -> str:
             if need <= cores:
                 parts.append(f"{head}; {_workers(need)} would hide it")
             elif nw >= cores:
-                parts.append(f"{head}; {_workers(need)} would hide it, but the {_workers(nw)} already have every core "
-                             f"free for workers ({_cores(cores)}; one more is left to the training loop): make each sample "
-                             "cheaper, or use fetch_threads if fetches wait on storage")
+                parts.append(f"{head}; {_workers(need)} would hide it, but the {_workers(nw)} already have "
+                             f"every core free for workers ({_cores(cores)}; one more is left to the training "
+                             "loop): make each sample cheaper, or use fetch_threads if fetches wait on storage")
             else:
                 parts.append(f"{head}; {_workers(need)} would hide it, but only {_cores(cores)} free for "
-                             f"workers (one more is left to the training loop): use num_workers={cores}, and fetch_threads "
-                             "if fetches wait on storage, or make each sample cheaper")
+                             f"workers (one more is left to the training loop): use num_workers={cores}, and "
+                             "fetch_threads if fetches wait on storage, or make each sample cheaper")
         else:
             parts.append(f"{head}, though {nw} workers should keep up (each batch takes "
                          f"{mean * 1e3:.1f} ms, a step {float(snap.get('step_per_batch_s') or 0) * 1e3:.1f} ms): "

@@ -45,7 +45,8 @@ def _hint(first: str, delimiter: str | None, message: str) -> str:
     if "string ''" in message:
         return " (an empty field: fill in the missing values first)"
     if "could not convert" in message:
-        return " (CSVDataset reads numbers only: encode text columns first, or leave them out with feature_columns and label_columns)"
+        return (" (CSVDataset reads numbers only: encode text columns first, or leave them out with "
+                "feature_columns and label_columns)")
     return ""
 
 
