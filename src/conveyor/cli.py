@@ -337,7 +337,9 @@ def _progress(total: int) -> Any:
 def _sweeping(workers: Iterable[int]) -> Iterator[None]:
     """A sweep asked for its worker counts: one note up front where they pass the usable
     cores, instead of the loader's warning at each setting (in the middle of the progress bar)."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    from .tuning import usable_cores
+
+    cores = usable_cores()
     most = max(workers, default=0)
     if most > cores:
         print(f"note: up to {most} workers on {cores} usable cores: they compete for the same CPUs", flush=True)

@@ -246,9 +246,8 @@ def _stack_arrays_into(batch: Sequence[Any], alloc: Allocator) -> np.ndarray | N
     floor = getattr(alloc, "min_bytes", 0)
     if floor and elem.nbytes * len(batch) < floor:
         return None
-    for arr in batch:
-        if not isinstance(arr, np.ndarray) or arr.dtype != dtype or arr.shape != shape:
-            return None
+    if not _arrays_agree(batch, exact=False):
+        return None
     buf = _buffer(alloc, (len(batch), *shape), dtype)
     if buf is None:
         return None
@@ -460,6 +459,16 @@ def collate_numpy_array_fn(
     return collate([torch.as_tensor(b) for b in batch], collate_fn_map=collate_fn_map)
 
 
+def _arrays_agree(batch: Sequence[Any], *, exact: bool) -> bool:
+    """All numpy arrays (of that very class with ``exact``) of the first one's dtype and shape?"""
+    dtype, shape = batch[0].dtype, batch[0].shape
+    for arr in batch:
+        kind_ok = type(arr) is np.ndarray if exact else isinstance(arr, np.ndarray)
+        if not kind_ok or arr.dtype != dtype or arr.shape != shape:
+            return False
+    return True
+
+
 def _stack_arrays_torch(batch: Sequence[Any], torch: ModuleType, tdtype: Any) -> Any:
     """np.stack into a new torch tensor, or None when the arrays do not all agree.
 
@@ -468,12 +477,9 @@ def _stack_arrays_torch(batch: Sequence[Any], torch: ModuleType, tdtype: Any) ->
     32 float32 3x224x224 images. The values, dtype and shape are torch's, contiguous; as
     with every batch conveyor builds through numpy, the storage cannot be resized
     (``resize_``)."""
-    elem = batch[0]
-    dtype, shape = elem.dtype, elem.shape
-    for arr in batch:
-        if type(arr) is not np.ndarray or arr.dtype != dtype or arr.shape != shape:
-            return None
-    out = torch.empty((len(batch), *shape), dtype=tdtype)
+    if not _arrays_agree(batch, exact=True):
+        return None
+    out = torch.empty((len(batch), *batch[0].shape), dtype=tdtype)
     np.stack(batch, out=out.numpy())
     return out
 

@@ -45,6 +45,7 @@ from .executors.worker import Fetcher, WorkerSpec, rng_lock
 from .samplers import BatchSampler, RandomSampler, Sampler, SequentialSampler
 from .stats import INLINE, Stats
 from .tuning import IO_BOUND, MAX_THREADS, Tuner
+from .tuning import usable_cores as _cores
 from ._tree import tree_map
 from .transport import to_numpy
 from .transport.recycle import Recycler
@@ -403,10 +404,7 @@ class DataLoader(Generic[T]):
         super().__setattr__(attr, val)
 
     def _check_worker_count(self) -> None:
-        try:
-            cpus = len(os.sched_getaffinity(0))
-        except AttributeError:  # pragma: no cover - macOS
-            cpus = os.cpu_count() or 1
+        cpus = _cores()
         if self.num_workers > cpus and self.worker_type == "process":
             warnings.warn(
                 f"This DataLoader will create {self.num_workers} worker processes in total. This "
@@ -680,7 +678,7 @@ class DataLoader(Generic[T]):
             state.update(epoch=self._epoch, batches=0, replay=False, sampler=None)
             gstate = gen.get_state() if _torch.is_generator(gen) else None
         else:
-            if where["finished"] or self._handed_all(where):
+            if where["finished"] or self._handed_all(where["batches"]):
                 # the next epoch starts afresh, after replaying (without fetching) the draws of
                 # the one that ended, which is what the sampler's state describes. An epoch
                 # whose every batch was handed out has ended too, StopIteration or not: a
@@ -702,12 +700,12 @@ class DataLoader(Generic[T]):
             state["generator"] = base64.b64encode(bytes(gstate.numpy().tobytes())).decode("ascii")
         return state
 
-    def _handed_all(self, where: dict[str, Any]) -> bool:
-        """True when a map-style epoch has handed out all of its batches."""
+    def _handed_all(self, batches: int) -> bool:
+        """True when ``batches`` handed out are all of a map-style epoch's."""
         if self._iterable:
             return False
         try:
-            return bool(where["batches"] >= len(self._index_sampler))
+            return bool(batches >= len(self._index_sampler))
         except TypeError:  # a sampler without a length
             return False
 
@@ -738,8 +736,7 @@ class DataLoader(Generic[T]):
         caller, who has set the next one by now: the replay draws that one, so it is not
         checked, and without generators of its own there is nothing for it to advance."""
         sampler = self._index_sampler
-        inner = getattr(sampler, "sampler", None) or sampler
-        told = callable(getattr(inner, "set_epoch", None))
+        told = callable(getattr(replay.inner(sampler), "set_epoch", None))
         if told and not replayed["rngs"].get("own"):
             return
         got = n = 0
@@ -954,14 +951,6 @@ def _bulk_batches(dataset: Any, size: int, budget: int = 8 << 20) -> int:
     row = sum(a[:1].nbytes if hasattr(a, "nbytes") else a[:1].element_size() * a[:1].numel()
               for a in getattr(dataset, "arrays", ()))
     return max(1, min(64, budget // max(1, row * size)))
-
-
-def _cores() -> int:
-    """CPUs this process may run on."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # pragma: no cover - macOS
-        return os.cpu_count() or 1
 
 
 def _runqueue_wait() -> float | None:
@@ -1676,13 +1665,7 @@ class _Run(Generic[T]):
         and a resumed epoch, which looks ahead from where it starts, may run it out where
         the saved one did not: ending every such epoch alike keeps the next epochs' draws
         the same in both (as torch's loader with workers, which looks ahead too, does)."""
-        if self.loader._iterable or self.sampler_done or self.loader._device_stage is not None:
-            return
-        try:
-            total = len(self.loader._index_sampler)
-        except TypeError:
-            return
-        if self.prefix < total:
+        if self.sampler_done or self.loader._device_stage is not None or not self.loader._handed_all(self.prefix):
             return
         try:
             extra = next(self.batches)

@@ -31,7 +31,7 @@ import numpy as np
 from . import _torch
 from .rng import RngState
 
-__all__ = ["GLOBALS", "Mark", "Replaying", "as_json", "check", "digest"]
+__all__ = ["GLOBALS", "Mark", "Replaying", "as_json", "check", "digest", "inner"]
 
 
 def digest(previous: int, batch: Any) -> int:
@@ -43,10 +43,15 @@ def digest(previous: int, batch: Any) -> int:
     return zlib.crc32(data, previous)
 
 
+def inner(sampler: Any) -> Any:
+    """The sampler inside a batch sampler, or the sampler itself."""
+    return getattr(sampler, "sampler", None) or sampler
+
+
 def _holders(sampler: Any) -> list[Any]:
     """The sampler and the one inside it (a batch sampler's), whose generators count."""
-    inner = getattr(sampler, "sampler", None)
-    return [sampler] if inner is None or inner is sampler else [sampler, inner]
+    within = inner(sampler)
+    return [sampler] if within is sampler else [sampler, within]
 
 
 def _kinds() -> dict[type, str]:
@@ -227,7 +232,7 @@ class Replaying:
 
 def check(sampler: Any, expected: int | None, got: int, drawn: int, wanted: int) -> str | None:
     """What to warn about after a replay, or None when it drew what the saved run drew."""
-    name = type(getattr(sampler, "sampler", None) or sampler).__name__
+    name = type(inner(sampler)).__name__
     if drawn < wanted:
         return (f"resuming: {name} gave {drawn} batches where the saved run had handed out {wanted}; "
                 "the resumed epoch is not the saved one's")

@@ -45,17 +45,25 @@ SATURATED = 0.9  # a worker's core share above this: its threads keep the core b
 MAX_THREADS = 64
 
 
+def usable_cores() -> int:
+    """CPUs this process may run on (its affinity; the machine's count where that is unknown).
+
+    >>> usable_cores() >= 1
+    True
+    """
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # pragma: no cover - macOS
+        return os.cpu_count() or 1
+
+
 def cpu_budget() -> int:
     """Cores this process may use, minus one for the training loop where possible (at least 1).
 
     >>> cpu_budget() >= 1
     True
     """
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        cores = os.cpu_count() or 1
-    return max(1, cores - 1)
+    return max(1, usable_cores() - 1)
 
 
 def ram_budget(fraction: float = 0.5) -> int | None:
