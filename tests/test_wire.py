@@ -136,7 +136,11 @@ def test_tree_map_keeps_every_container_kind() -> None:
     {"a": None, "b": Pair(np.float32(1.5), torch.full((2,), 3)), "c": [], "d": OrderedDict(z=torch.ones(1, 1))},
     None,
     ("no arrays", 1, None),
-], ids=["one-array", "list", "dict", "none", "no-arrays"])
+    # a lone 0-d integer leaf: bytearray(arr) read it as a length (100 zero bytes; 0 bytes for 0)
+    torch.tensor(100),
+    np.array(0, dtype=np.uint8),
+    np.array(300, dtype=">i4"),
+], ids=["one-array", "list", "dict", "none", "no-arrays", "one-0d-int", "one-0d-zero", "one-0d-big-endian"])
 def test_the_message_puts_each_array_back_where_it_was(batch: Any) -> None:
     """The message carries the tree with None where each array was: user Nones, scalars and
     strings around them stay as they were, through a pickle as the pipe carries it."""
@@ -189,6 +193,17 @@ def test_small_leaves_from_workers_match_the_main_process(output: str) -> None:
             else:
                 np.testing.assert_array_equal(np.asarray(a[k]), np.asarray(b[k]))
                 assert np.asarray(a[k]).dtype == np.asarray(b[k]).dtype
+
+
+@pytest.mark.timeout(60)
+def test_unbatched_scalar_labels_from_workers_keep_their_values() -> None:
+    """batch_size=None over labels: each batch is one 0-d integer tensor, as torch gives it."""
+    labels = torch.arange(10) * 10 + 10
+    data = torch.utils.data.TensorDataset(labels)
+    with conveyor.DataLoader(data, batch_size=None, num_workers=2, adaptive=False) as loader:
+        got = [b[0] for b in loader]
+    assert [t.item() for t in got] == labels.tolist()
+    assert all(t.dim() == 0 and t.dtype == torch.int64 for t in got)
 
 
 class OneD(torch.utils.data.Dataset):  # type: ignore[type-arg]

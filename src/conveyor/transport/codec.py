@@ -102,7 +102,9 @@ def encode(batch: Any, writer: Writer | None) -> tuple[Any, tuple[int, ...], tup
     if not small:
         return tree, tuple(holes), tuple(records), None
     if len(small) == 1:
-        return tree, tuple(holes), tuple(records), bytearray(small[0])  # one copy, in C order
+        # one copy, in C order, through the buffer protocol: bytearray(arr) itself would read
+        # a 0-d integer array as a length (its __index__), giving that many zero bytes
+        return tree, tuple(holes), tuple(records), bytearray(memoryview(small[0]))
     # each leaf's bytes in C order, padded to 16: one call a leaf (numpy slicing into a
     # preallocated blob took five, each costly with the cold cache a worker has here)
     parts = []
