@@ -385,6 +385,17 @@ def test_bad_arguments_raise_like_torch(case: str) -> None:
     assert mine is theirs, f"{case}: conveyor raised {mine}, torch raised {theirs}"
 
 
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("count", [np.int64(2), np.int32(1), True, torch.tensor(1)],
+                         ids=["np.int64", "np.int32", "bool", "0-d tensor"])
+def test_a_worker_count_torch_takes_as_an_integer_is_taken(count: Any) -> None:
+    """torch compares num_workers with 0 and counts with it: anything integer-like runs."""
+    want = [[t.tolist() for t in b] for b in tud.DataLoader(Squares(), batch_size=4, num_workers=count)]
+    loader = conveyor.DataLoader(Squares(), batch_size=4, num_workers=count)
+    assert type(loader.num_workers) is int and loader.num_workers == int(count)
+    assert [[t.tolist() for t in b] for b in loader] == want
+
+
 # torch takes these and fails at the first batch with a TypeError that names no argument
 # ("'int' object is not callable"): conveyor raises the same type when the loader is made
 LATE: dict[str, Callable[[], dict[str, Any]]] = {

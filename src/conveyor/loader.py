@@ -208,6 +208,8 @@ class DataLoader(Generic[T]):
     ) -> None:
         self._initialized = False
         threads_asked = fetch_threads
+        if type(num_workers) is not int and not isinstance(num_workers, str) and hasattr(num_workers, "__index__"):
+            num_workers = operator.index(num_workers)  # numpy integers, 0-d tensors, bools: as torch takes them
         if num_workers == "auto":
             # "auto" tunes everything the user left unset: threads for storage that waits,
             # and how far ahead each worker runs
@@ -227,7 +229,7 @@ class DataLoader(Generic[T]):
             if num_workers == 0:
                 raise ValueError("prefetch_factor='auto' needs num_workers > 0 or num_workers='auto'")
             prefetch_factor = 2
-        if not isinstance(num_workers, int) or isinstance(num_workers, bool):
+        if not isinstance(num_workers, int):
             raise TypeError(f"num_workers option should be an int, but got num_workers={num_workers!r}")
         if num_workers < 0:
             raise ValueError("num_workers option should be non-negative; "
