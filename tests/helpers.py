@@ -26,6 +26,7 @@ import psutil
 import torch
 from torch.utils.data import Dataset as TorchDataset
 from torch.utils.data import IterableDataset as TorchIterable
+from torch.utils.data import get_worker_info as torch_get_worker_info
 
 import conveyor
 
@@ -136,6 +137,8 @@ class Stream(TorchIterable):
     def __iter__(self) -> Iterator[torch.Tensor]:
         if self.shard == "torch":
             info: Any = torch.utils.data.get_worker_info()
+        elif self.shard == "torch-by-name":  # the name bound when this module was imported
+            info = torch_get_worker_info()
         elif self.shard == "conveyor":
             info = conveyor.get_worker_info()
         else:

@@ -312,9 +312,10 @@ def test_iterable_drop_last_two_epochs() -> None:
 
 
 @pytest.mark.timeout(30)
-@pytest.mark.parametrize("shard", ["conveyor", "torch"])
+@pytest.mark.parametrize("shard", ["conveyor", "torch", "torch-by-name"])
 def test_iterable_threads_sharded_with_either_info(shard: str) -> None:
-    # torch keeps one worker info per process: conveyor answers torch's function per thread
+    # torch keeps one worker info per process: conveyor answers torch's function per thread,
+    # also through a name imported from torch before any worker started
     t = list(tud.DataLoader(Stream(11, "torch"), batch_size=2, num_workers=2))
     with conveyor.DataLoader(Stream(11, shard), batch_size=2, num_workers=2, worker_type="thread") as c:
         same_epochs(epochs(c)[0], t)

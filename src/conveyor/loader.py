@@ -37,7 +37,7 @@ from .errors import Failure, capture, rebuild
 from .executors import inherit
 from .executors.inline import InlineExecutor
 from .executors.processes import ProcessExecutor
-from .executors.recovery import Recovery, WorkerDied
+from .executors.recovery import Recovery
 from .executors.reorder import Reorder
 from .executors.task import Death, Result, Task
 from .executors.threads import ThreadExecutor

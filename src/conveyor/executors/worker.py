@@ -137,11 +137,9 @@ def _route_torch_worker_info() -> None:
     """Make ``torch.utils.data.get_worker_info()`` answer in thread workers too.
 
     torch keeps one worker info per process; thread workers share a process, so conveyor
-    wraps torch's function (once, on the first thread worker): in a thread of conveyor's
-    it returns that worker's info, anywhere else exactly what torch's returns. A dataset
-    module that imported the function by name before then keeps torch's (``None`` in
-    thread workers); ``conveyor.get_worker_info()`` answers everywhere. Where torch is not
-    imported yet, it is routed the moment it is (``_TorchDataImported``).
+    routes torch's function (once, on the first thread worker): in a thread of conveyor's
+    it returns that worker's info, anywhere else exactly what torch's returns. Where torch
+    is not imported yet, it is routed the moment it is (``_TorchDataImported``).
     """
     global _route_threads
     torch = _torch.loaded()
@@ -157,28 +155,51 @@ def _route_torch_worker_info() -> None:
     _route(tdata, tworker)
 
 
+def _ask_conveyor() -> Any:
+    """The body torch's get_worker_info takes on (``_route``); names resolve in torch's module."""
+    return globals()["_conveyor_worker_info"]()  # torch's module globals: set there by _route
+
+
 def _route(tdata: Any, tworker: Any) -> None:
+    """Route torch's get_worker_info to thread workers' infos.
+
+    The usual idiom, ``from torch.utils.data import get_worker_info`` at the top of the
+    dataset's module, binds torch's function object before any worker starts: replacing
+    the module attribute left that name answering None in every thread worker, so each
+    read the whole stream. The function object itself is changed instead: its body, a
+    bare ``return _worker_info``, becomes a call of the router, set in torch's module.
+    A torch whose function has another body gets the module attribute replaced, as before.
+    """
     with _routed:
+        if getattr(tworker, "_conveyor_worker_info", None) is not None:
+            return
         original = tworker.get_worker_info
         if getattr(original, "_conveyor", False):
             return
 
-        def get_worker_info() -> Any:
+        def answer() -> Any:
             info = getattr(_thread_info, "info", None)
             if info is None:
-                return original()
+                return tworker._worker_info if plain else original()
             mine = getattr(_thread_info, "torch_info", None)
             if mine is None or mine[0] is not info:
                 mine = _thread_info.torch_info = (info, tworker.WorkerInfo(
                     id=info.id, num_workers=info.num_workers, seed=info.seed, dataset=info.dataset))
             return mine[1]
 
-        get_worker_info.__doc__ = original.__doc__
-        get_worker_info.__wrapped__ = original  # type: ignore[attr-defined]
-        get_worker_info._conveyor = True  # type: ignore[attr-defined]
-        tworker.get_worker_info = get_worker_info
+        code = getattr(original, "__code__", None)
+        plain = (code is not None and code.co_names == ("_worker_info",) and code.co_argcount == 0
+                 and not code.co_freevars and not code.co_kwonlyargcount)
+        if plain:
+            tworker._conveyor_worker_info = answer
+            original.__code__ = _ask_conveyor.__code__
+            return
+        answer.__doc__ = original.__doc__
+        answer.__wrapped__ = original  # type: ignore[attr-defined]
+        answer._conveyor = True  # type: ignore[attr-defined]
+        tworker.get_worker_info = answer
         if getattr(tdata, "get_worker_info", None) is original:
-            tdata.get_worker_info = get_worker_info
+            tdata.get_worker_info = answer
 
 
 @dataclass(frozen=True)
