@@ -732,25 +732,46 @@ def test_resume_after_a_batch_skipped_whole(in_order: bool) -> None:
 
 
 @pytest.mark.timeout(60)
-def test_a_stream_resumed_with_another_worker_count_saves_a_state_that_loads() -> None:
-    # another worker count shards the stream otherwise: the first batches are dropped by count,
-    # and counted, so the state saved after resuming names them too
-    first = DataLoader(Stream(11, "torch"), batch_size=2, num_workers=2)
+@pytest.mark.parametrize("saved, resumed", [(2, 3), (0, 3), (2, 0)])
+def test_a_stream_resumed_mid_epoch_with_another_worker_count_is_refused(saved: int, resumed: int) -> None:
+    # each worker's copy shards the stream by the worker count: with another count the batches
+    # handed out cannot be found again (dropping as many lost and repeated samples, silently).
+    # The loaded state stays: with the saved count the rest of the epoch is exact.
+    first = DataLoader(Stream(11, "torch"), batch_size=2, num_workers=saved)
     with first:
         it = iter(first)
-        _ = [next(it) for _ in range(2)]
+        got = [next(it) for _ in range(2)]
         state = json.loads(json.dumps(first.state_dict()))
-    second = DataLoader(Stream(11, "torch"), batch_size=2, num_workers=0)
+    second = DataLoader(Stream(11, "torch"), batch_size=2, num_workers=resumed)
     with second:
         second.load_state_dict(state)
-        it = iter(second)
-        _ = next(it)
-        again = json.loads(json.dumps(second.state_dict()))
-    assert again["batches"] == 3 and sum(again["replicas"]) == 3
-    third = DataLoader(Stream(11, "torch"), batch_size=2, num_workers=0)
-    with third:
-        third.load_state_dict(again)
-        assert [b.tolist() for b in third] == [[[6, 12], [7, 14]], [[8, 16], [9, 18]], [[10, 20]]]
+        with pytest.raises(ValueError, match="num_workers"):
+            iter(second)
+        second.num_workers = saved
+        rest = list(second)
+    assert sorted(int(row[0]) for b in got + rest for row in b) == list(range(11))
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("change", [{"batch_size": 3}, {"drop_last": True}])
+@pytest.mark.parametrize("kind", ["stream", "torch-sampler", "own-sampler"])
+def test_a_state_saved_mid_epoch_refuses_other_batches(kind: str, change: dict[str, Any]) -> None:
+    # a position is a count of batches: with another batch_size or drop_last they are other samples
+    def make(**kw: Any) -> DataLoader[Any]:
+        opts: dict[str, Any] = {"batch_size": 4, **kw}
+        if kind == "stream":
+            return DataLoader(Stream(11, "torch"), **opts)
+        if kind == "torch-sampler":
+            return DataLoader(list(range(11)), sampler=torch.utils.data.RandomSampler(range(11)), **opts)
+        return DataLoader(list(range(11)), shuffle=True, seed=3, **opts)
+
+    first = make()
+    it = iter(first)
+    next(it)
+    state = json.loads(json.dumps(first.state_dict()))
+    with pytest.raises(ValueError, match=next(iter(change))):
+        make(**change).load_state_dict(state)
+    make().load_state_dict(state)  # the same batches: loads
 
 
 class DrawingStream(torch.utils.data.IterableDataset):

@@ -505,6 +505,7 @@ class DataLoader(Generic[T]):
         persistent = self.persistent_workers and self.num_workers > 0
         replayed = None
         if self._resume is not None:
+            self._check_replicas(self._resume)
             resume, self._resume = self._resume, None
             epoch, skip, base_seed = resume["epoch"], resume["batches"], resume.get("base_seed")
             done, replicas = resume.get("done") or [], resume.get("replicas")
@@ -549,6 +550,25 @@ class DataLoader(Generic[T]):
                 pool.executor  # noqa: B018 - starts them
             return self._device_stage.wrap(run, exclusive=persistent)
         return run
+
+    def _check_replicas(self, resume: dict[str, Any]) -> None:
+        """A stream resumed mid-epoch must be read by as many replicas as it was saved from.
+
+        Each worker's copy of an IterableDataset shards the stream by the worker count, and
+        a stream cannot seek: the resumed epoch makes again the batches each replica had
+        handed out and drops them. With another count the shards differ, and dropping by
+        count lost and repeated samples without a word."""
+        replicas = resume.get("replicas")
+        if not self._iterable or resume["finished"] or not replicas:
+            return
+        now = max(1, self.num_workers)
+        if len(replicas) != now:
+            saved = f"num_workers={len(replicas)}" if len(replicas) > 1 else "num_workers=0 or 1"
+            raise ValueError(
+                f"this state was saved mid-epoch from an IterableDataset read by {len(replicas)} replica(s) "
+                f"({saved}); this loader has num_workers={self.num_workers}, which shards the stream "
+                f"otherwise: the batches already handed out cannot be found again. Resume with {saved}, "
+                f"or from a state saved at an epoch's end")
 
     def _inline_pool(self, base_seed: int) -> _Pool:
         """The pool of a run without workers. One made in the main process alone (no workers,
@@ -673,7 +693,9 @@ class DataLoader(Generic[T]):
             return dict(self._loaded)  # loaded and not iterated yet: still that position
         run = self._last_run
         where = run.where() if run is not None and not run.finished else self._ended
-        state: dict[str, Any] = {"version": STATE_VERSION, "dataset_len": self._dataset_len(), "seed": self.seed}
+        state: dict[str, Any] = {"version": STATE_VERSION, "dataset_len": self._dataset_len(), "seed": self.seed,
+                                 "batch_size": None if self.batch_size is None else int(self.batch_size),
+                                 "drop_last": bool(self.drop_last)}
         gen = self.generator
         gstate = None
         if where is None:  # nothing iterated yet: the next epoch starts afresh
@@ -766,6 +788,12 @@ class DataLoader(Generic[T]):
                              f"but this loader's dataset has length {n}")
         if state.get("seed") != self.seed:
             raise ValueError(f"this state was saved with seed={state.get('seed')}, this loader has seed={self.seed}")
+        if int(state.get("batches") or 0) > 0:  # a position counted in batches: they must be the same batches
+            for key in ("batch_size", "drop_last"):
+                if key in state and state[key] != getattr(self, key):
+                    raise ValueError(f"this state was saved mid-epoch with {key}={state[key]!r}, this loader has "
+                                     f"{key}={getattr(self, key)!r}: its {state['batches']} batches handed out would "
+                                     f"be other samples")
         sampler_state = state.get("sampler")
         replayed = state.get("replayed") if self._replays() else None
         if replayed is not None and not (isinstance(replayed, dict) and isinstance(replayed.get("rngs"), dict)):
