@@ -20,6 +20,7 @@ Everything is plain JSON, as the rest of the loader's state: no pickle to load.
 from __future__ import annotations
 
 import base64
+import operator
 import pickle
 import random
 import sys
@@ -37,10 +38,28 @@ __all__ = ["GLOBALS", "Mark", "Replaying", "as_json", "check", "digest", "inner"
 def digest(previous: int, batch: Any) -> int:
     """The running digest after ``batch`` (a batch of indices, or one index)."""
     try:
-        data = pickle.dumps(batch, 4)  # a fixed protocol: the same bytes on every Python
+        data = pickle.dumps(_plain(batch), 4)  # a fixed protocol: the same bytes on every Python
     except Exception:
         data = repr(batch).encode()
     return zlib.crc32(data, previous)
+
+
+def _plain(batch: Any) -> Any:
+    """Indices as Python ints, so equal batches digest alike: numpy integers and tensors
+    pickle with more than their value (a 0-d tensor view's storage, which differs from
+    run to run, made every resume of a sampler yielding ``randperm(n).unbind()`` warn)."""
+    if isinstance(batch, (list, tuple)):
+        if not batch or type(batch[0]) is int:  # torch's samplers: a list of ints, as it is
+            return batch
+        return [_plain(b) for b in batch]
+    if type(batch) is int:
+        return batch
+    try:
+        return operator.index(batch)
+    except TypeError:
+        pass
+    tolist = getattr(batch, "tolist", None)  # an array or tensor of indices
+    return tolist() if callable(tolist) else batch
 
 
 def inner(sampler: Any) -> Any:
