@@ -927,3 +927,58 @@ def test_a_replayed_sampler_notes_only_the_global_rngs_it_draws_from_after_its_f
         assert first["random"] is not None and first["numpy"] is not None
         assert {k for k in ("random", "numpy") if later[k] is not None} == kept
         assert later["torch"] is not None
+
+
+class EpochCounting(torch.utils.data.Sampler):  # type: ignore[type-arg]
+    """A custom sampler with state_dict(): its state is the iteration that most recently
+    began (docs/determinism.md), each iteration's order drawn from its number."""
+
+    def __init__(self, n: int = 8) -> None:
+        self.n = n
+        self.next_epoch = 0
+        self.current: int | None = None
+
+    def __iter__(self) -> Iterator[int]:
+        self.current, self.next_epoch = self.next_epoch, self.next_epoch + 1
+        return iter(torch.randperm(self.n, generator=torch.Generator().manual_seed(100 + self.current)).tolist())
+
+    def __len__(self) -> int:
+        return self.n
+
+    def state_dict(self) -> dict[str, int]:
+        return {"epoch": self.next_epoch if self.current is None else self.current}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.next_epoch, self.current = state["epoch"], None
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("sampler", ["custom-with-state", "torch-global-rng"])
+def test_a_state_taken_between_iter_and_the_first_batch_resumes_that_epoch(sampler: str, workers: int) -> None:
+    # Without workers the sampler is read at the first next(), as torch's is: a state taken
+    # before it described the previous iteration of a custom sampler (the resumed epoch was
+    # the one before) and left a global-RNG sampler's first draw out (later epochs differed)
+    def make() -> DataLoader[Any]:
+        s = EpochCounting() if sampler == "custom-with-state" else torch.utils.data.RandomSampler(range(8))
+        return DataLoader(list(range(8)), batch_size=4, sampler=s, num_workers=workers, output="numpy")
+
+    torch.manual_seed(0)
+    first = make()
+    with first:
+        _ = [b.tolist() for b in first]  # epoch 0
+        it = iter(first)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # nothing to warn about
+            state, rng = json.loads(json.dumps(first.state_dict())), torch.get_rng_state()
+        want = [b.tolist() for b in it] + [b.tolist() for b in first]  # epochs 1 and 2
+    torch.manual_seed(123)  # another process, as far as the global RNG goes
+    second = make()
+    with second:
+        torch.set_rng_state(rng)  # as the docs ask where there is neither seed= nor generator=
+        second.load_state_dict(state)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            got = [b.tolist() for b in second] + [b.tolist() for b in second]
+    assert state["epoch"] == 1 and state["batches"] == 0
+    assert got == want

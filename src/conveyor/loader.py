@@ -692,6 +692,8 @@ class DataLoader(Generic[T]):
         if self._resume is not None and self._loaded is not None:
             return dict(self._loaded)  # loaded and not iterated yet: still that position
         run = self._last_run
+        if run is not None and not run.finished:
+            run.begin()
         where = run.where() if run is not None and not run.finished else self._ended
         state: dict[str, Any] = {"version": STATE_VERSION, "dataset_len": self._dataset_len(), "seed": self.seed,
                                  "batch_size": None if self.batch_size is None else int(self.batch_size),
@@ -1642,6 +1644,9 @@ class _Run(Generic[T]):
                 head = list(itertools.islice(self.batches, primed))
                 self.batches = itertools.chain(head, self.batches)
         self.sampler_done = False
+        # has the sampler's iteration begun? With workers it begins here (``primed``); without,
+        # at the first batch, as torch's does, or when a state is asked for first (``begin``)
+        self.begun = primed > 0 or iterable or self.slices is not None or skip > 0 or bool(self.ahead)
         self.first_seq = pool.seq
         self.base_seed = pool.base_seed  # a shared main-process pool takes a new one each epoch
         pool.epoch_start = pool.seq
@@ -1658,6 +1663,20 @@ class _Run(Generic[T]):
         # per batch: __next__ takes the lean path (see _lean)
         self.lean = False
         self._quick_fetch: Callable[[Any], Any] | None = None
+
+    def begin(self) -> None:
+        """Begin the sampler's iteration if no batch has been asked for yet: a state names
+        the iteration its epoch is in. Without workers the sampler is read at the first
+        next(), as torch's is; a state taken before it described the sampler's previous
+        iteration (a custom sampler's state_dict()) or left the first draw from a global
+        RNG out of the epoch (torch's RandomSampler without a generator), and the resumed
+        epoch was the one before, or later epochs differed. The draw now comes when the
+        state is asked for, as it does at iter() with workers."""
+        if self.begun or self.pool.seq != self.first_seq:
+            return
+        self.begun = True
+        head = list(itertools.islice(self.batches, 1))
+        self.batches = itertools.chain(head, self.batches)
 
     def _replayed_batches(self, skip: int, replayed: dict[str, Any] | None) -> tuple[Iterator[Any], int]:
         """The batches of a sampler without state_dict (``DataLoader._replays``), and the
