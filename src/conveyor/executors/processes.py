@@ -573,13 +573,23 @@ def _see_full_collections(phase: str, info: dict[str, int]) -> None:
     """A full collection (the user's ``gc.collect()``, say) looks at frozen objects too, and
     what survives it is frozen again: a loader dropped in a reference cycle is collected
     (and its workers stopped) when the user asks for it, as it would be without a freeze.
-    Younger collections, the frequent ones, still leave the frozen objects alone."""
-    if info.get("generation") != 2 or _freezes == 0 or _user_froze:
+    Younger collections, the frequent ones, still leave the frozen objects alone.
+
+    A signal that arrives during a collection is handled at the first call Python makes
+    after it, and an exception raised in a gc callback is reported as ignored: a Ctrl-C
+    there was lost. So nothing is called before a young collection returns, and a
+    KeyboardInterrupt raised at the (un)freeze is sent to the main thread again."""
+    if info["generation"] != 2 or _freezes == 0 or _user_froze:  # no call: see above
         return
-    if phase == "start":
-        gc.unfreeze()
-    else:
-        gc.freeze()
+    try:
+        if phase == "start":
+            gc.unfreeze()
+        else:
+            gc.freeze()
+    except KeyboardInterrupt:
+        # handled here, it would go nowhere: a real SIGINT a moment later, from a thread,
+        # reaches the main thread's code (and wakes a sleep) once the collection is over
+        threading.Timer(0.001, signal.pthread_kill, (threading.main_thread().ident, signal.SIGINT)).start()
 
 
 def _unfreeze() -> None:
@@ -587,8 +597,11 @@ def _unfreeze() -> None:
     if not hasattr(gc, "freeze") or _freezes == 0:
         return
     _freezes -= 1
-    if _freezes == 0 and not _user_froze:
-        gc.unfreeze()
+    if _freezes == 0:
+        if not _user_froze:
+            gc.unfreeze()
+        if _see_full_collections in gc.callbacks:  # nothing frozen of ours: no Python in collections
+            gc.callbacks.remove(_see_full_collections)
 
 
 def _my_children() -> set[int]:
