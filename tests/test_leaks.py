@@ -412,6 +412,37 @@ def test_a_ctrl_c_during_a_full_collection_reaches_the_program(tmp_path: Path) -
     assert threads == "1"
 
 
+def test_a_killed_runs_segments_and_stack_files_are_swept_by_the_next(tmp_path: Path) -> None:
+    # a process group killed at once (SIGKILL to every process) leaves no one to unlink its
+    # segments: the next process to start workers removes those of processes gone
+    from conveyor.transport import segment
+
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait(timeout=60)
+    ns = segment._NAMESPACE
+    if not ns:
+        pytest.skip("this system does not tell its PID namespace")
+    dead = f"conveyor_{gone.pid}_{ns}_0badcafe_"
+    alive = f"conveyor_{os.getppid()}_{ns}_0badcafe_"
+    elsewhere = f"conveyor_{gone.pid}_{ns}1_0badcafe_"  # another PID namespace's process
+    made = []
+    for prefix in (dead, alive, elsewhere):
+        seg = segment.Segment.create(prefix + "w0g0_0", 4096)
+        seg.close()
+        made.append(prefix + "w0g0_0")
+        (tmp_path / f"{prefix}w0g0.stack").write_text("stack")
+    (tmp_path / f"{dead}notes.txt").write_text("not ours to remove")
+    try:
+        assert segment.sweep_stale((segment._SHM_DIR, str(tmp_path))) == 2
+        left = set(os.listdir(segment._SHM_DIR))
+        assert made[0] not in left and made[1] in left and made[2] in left
+        assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+            [f"{alive}w0g0.stack", f"{elsewhere}w0g0.stack", f"{dead}notes.txt"])
+    finally:
+        for name in made:
+            segment.sweep(name)
+
+
 class _Slow(tud.Dataset):
     def __len__(self) -> int:
         return 64

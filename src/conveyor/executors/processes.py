@@ -83,6 +83,10 @@ class ProcessExecutor:
         self.num_workers = num_workers
         self.ledger = Ledger(num_workers)
         self.prefix = transport.new_prefix() if transport.available() else ""
+        global _swept
+        if self.prefix and not _swept:
+            _swept = True
+            transport.sweep_stale()  # what killed runs left in /dev/shm: once a process
         self.views = transport.Views(pinner)
         self.workers: list[_Worker | None] = [None] * num_workers
         self.gens = [0] * num_workers
@@ -538,6 +542,7 @@ def _result(fields: tuple[Any, ...]) -> Result:
 # loaders and lifted when the last such pool closes (unless the user froze first).
 _freezes = 0
 _user_froze = False
+_swept = False  # stale segments of dead processes removed (transport.sweep_stale)
 # Python 3.12's collector keeps immortal objects in the frozen generation: 375 at start on
 # 3.12.1, back after every collection even once unfrozen (3.11 and 3.13 start with none).
 # Counted as the user's freeze, they kept every freeze of ours in place for good, and

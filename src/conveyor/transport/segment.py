@@ -5,7 +5,9 @@ resource tracker (attaching included, before Python 3.13), which unlinks
 segments under live readers and warns about "leaks" it caused. conveyor owns
 the lifetime of its segments itself: every name starts with a per-loader
 prefix, workers unlink what they create, and the main process sweeps the
-prefix on close and after a worker dies.
+prefix on close and after a worker dies. What no one was left to unlink (a
+process group killed at once) goes when the next process starts workers
+(``sweep_stale``: the prefix names the process and its PID namespace).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ try:  # CPython's own binding of shm_open/shm_unlink (POSIX only)
 except ImportError:  # pragma: no cover - Windows
     _posixshmem = None
 
-__all__ = ["Segment", "available", "new_prefix", "sweep", "shm_dir_free"]
+__all__ = ["Segment", "available", "new_prefix", "sweep", "sweep_stale", "shm_dir_free"]
 
 _SHM_DIR = "/dev/shm"
 PAGE = mmap.PAGESIZE
@@ -29,9 +31,71 @@ def available() -> bool:
     return _posixshmem is not None
 
 
+def _pid_namespace() -> str:
+    """This process's PID namespace ("" where it cannot be told): a pid in a name means a
+    process only within it (containers sharing /dev/shm each count their own pids)."""
+    try:
+        return format(os.stat("/proc/self/ns/pid").st_ino, "x")
+    except (OSError, AttributeError):
+        return ""
+
+
+_NAMESPACE = _pid_namespace()
+
+
 def new_prefix() -> str:
-    """A name prefix unique to one loader of this process."""
-    return f"conveyor_{os.getpid()}_{secrets.token_hex(4)}_"
+    """A name prefix unique to one loader of this process: its pid, its PID namespace and a
+    random token (``sweep_stale`` reads the first two)."""
+    return f"conveyor_{os.getpid()}_{_NAMESPACE or '0'}_{secrets.token_hex(4)}_"
+
+
+def _dead_owner(name: str) -> bool:
+    """Was ``name`` made by a loader of a process of this PID namespace that is gone?"""
+    parts = name.split("_", 4)
+    if len(parts) < 5 or parts[0] != "conveyor" or not parts[1].isdigit() or parts[2] != _NAMESPACE:
+        return False
+    pid = int(parts[1])
+    if pid == os.getpid():
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except OSError:  # alive, another user's
+        return False
+    return False
+
+
+def sweep_stale(dirs: tuple[str, ...] | None = None) -> int:
+    """Remove the segments and stack files that loaders of dead processes left: a process
+    group killed at once (SIGKILL to every process: a job scheduler, ``timeout -s KILL``)
+    leaves no one to unlink them, and /dev/shm is memory. Only this user's entries of this
+    PID namespace whose process no longer exists; returns how many were removed."""
+    if not _NAMESPACE:
+        return 0
+    if dirs is None:
+        import tempfile
+
+        dirs = (_SHM_DIR, tempfile.gettempdir())
+    uid = os.geteuid()
+    n = 0
+    for folder in dirs:
+        try:
+            names = [e for e in os.listdir(folder) if e.startswith("conveyor_")]
+        except OSError:
+            continue
+        for name in names:
+            if folder != _SHM_DIR and not name.endswith(".stack"):
+                continue
+            path = os.path.join(folder, name)
+            try:
+                if os.stat(path).st_uid != uid or not _dead_owner(name):
+                    continue
+                os.unlink(path)
+                n += 1
+            except OSError:
+                pass
+    return n
 
 
 def shm_dir_free() -> int | None:
