@@ -249,6 +249,53 @@ def test_hung_worker_times_out_with_its_stack() -> None:
     assert_no_leaks(before, grace=15)
 
 
+class _HangsOnce(tud.Dataset):
+    """Index 5 hangs the first time it is fetched (a marker file says so), then answers."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __len__(self) -> int:
+        return 12
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        if i == 5 and not self.marker.exists():
+            self.marker.write_text("hung once")
+            time.sleep(60)
+        return torch.tensor([i])
+
+
+@pytest.mark.timeout(60)
+def test_restart_hung_replaces_a_stuck_worker_and_loses_nothing(tmp_path: Path) -> None:
+    before = Snapshot.take()
+    loader = conveyor.DataLoader(_HangsOnce(tmp_path / "hung"), batch_size=2, timeout=2, restart_hung=True,
+                                 **KINDS["process"])
+    got = [b.tolist() for b in drain(loader)]
+    assert got == [[[2 * k], [2 * k + 1]] for k in range(6)]
+    stats = loader.stats()
+    assert stats["restarts"] == 1 and "killed by the loader" in stats["deaths"][0], stats["deaths"]
+    del loader
+    assert_no_leaks(before, grace=15)
+
+
+@pytest.mark.timeout(90)
+def test_restart_hung_that_cannot_help_says_the_loader_killed_them_and_why() -> None:
+    # a sample that hangs in every new worker spends the restart budget: the error names the
+    # timeout and the batch, shows where it hung, and does not blame the out-of-memory killer
+    before = Snapshot.take()
+    loader = conveyor.DataLoader(_Hangs(), batch_size=2, timeout=1, restart_hung=True, max_worker_restarts=1,
+                                 **KINDS["process"])
+    with pytest.raises(conveyor.WorkerDied) as info:
+        drain(loader)
+    msg = str(info.value)
+    assert "killed by the loader" in msg and "timeout=1" in msg and "[4, 5]" in msg, msg
+    assert "out-of-memory" not in msg, msg
+    assert "sleep" in msg or "__getitem__" in msg, msg
+    assert all(d.cause is not None for d in info.value.deaths)
+    del loader, info
+    assert_no_leaks(before, grace=15)
+
+
 class _HangsFirst(_Hangs):
     def __getitem__(self, i: int) -> torch.Tensor:
         return super().__getitem__(5 if i == 1 else i)

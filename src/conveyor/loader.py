@@ -2207,7 +2207,12 @@ class _Run(Generic[T]):
         where = self.inflight.get(seq) if seq is not None else None
         if where is None:
             return False
-        self.ex.kill(where[0])  # the next poll reports its death; its tasks are re-issued
+        worker, task = where
+        stack = self.ex.stack(worker) if hasattr(self.ex, "stack") else None
+        idx = "the next batch" if task.indices is None else f"indices {task.indices}"
+        cause = (f"stuck for more than timeout={self.loader.timeout} s on batch {seq - self.first_seq} of this "
+                 f"epoch ({idx}), restart_hung=True")
+        self.ex.kill(worker, cause, stack)  # the next poll reports its death; its tasks are re-issued
         return True
 
     def _timeout_error(self) -> RuntimeError:

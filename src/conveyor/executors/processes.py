@@ -94,6 +94,7 @@ class ProcessExecutor:
         self._shut = False  # close() ran to its end
         self.warned = False
         self.hung: set[int] = set()  # workers a timeout found stuck: close() kills them at once
+        self.kill_causes: dict[int, tuple[str, str | None]] = {}  # workers killed on purpose: why
         self.pending_freed: dict[tuple[int, int], list[int]] = {}  # (worker, gen) -> slot ids
         # results received and not yet decoded or released, by (worker, gen): their slots must
         # stay readable when that worker dies and its segments are unlinked
@@ -284,7 +285,8 @@ class ProcessExecutor:
                 continue  # pipe closed but still running: wait for the sentinel
             if not wk.ready:
                 raise self._startup_error(w, wk)
-            events.append(Death(w, wk.pid, wk.proc.exitcode, tuple(self.ledger.held[w].values())))
+            cause, stack = self.kill_causes.pop(w, (None, None))
+            events.append(Death(w, wk.pid, wk.proc.exitcode, tuple(self.ledger.held[w].values()), cause, stack))
         return events
 
     def _hello(self, wk: _Worker, msg: Hello) -> None:
@@ -426,9 +428,12 @@ class ProcessExecutor:
                 return None
         return None
 
-    def kill(self, worker: int) -> None:
+    def kill(self, worker: int, cause: str | None = None, stack: str | None = None) -> None:
+        """Kill ``worker``; its Death then says ``cause`` (and its last ``stack``)."""
         wk = self.workers[worker]
         if wk is not None and wk.proc.is_alive():
+            if cause is not None:
+                self.kill_causes[worker] = (cause, stack)
             wk.proc.kill()
 
     def release(self, result: Result) -> None:

@@ -56,8 +56,14 @@ class Recovery:
         else:
             why = f"the restart budget is spent (max_worker_restarts={self.max_restarts})"
         msg = (f"DataLoader {last.describe()}: {len(self.deaths)} worker death(s) so far, and "
-               f"{why}.\n" + "\n".join(lines) +
-               "\nA worker killed by SIGKILL is often the out-of-memory killer: use fewer workers "
-               "or a smaller prefetch_factor; SIGSEGV/SIGBUS points at native code (a decoder) or "
-               "a full /dev/shm.")
+               f"{why}.\n" + "\n".join(lines))
+        if any(d.cause is None for d in self.deaths):
+            msg += ("\nA worker killed by SIGKILL is often the out-of-memory killer: use fewer workers "
+                    "or a smaller prefetch_factor; SIGSEGV/SIGBUS points at native code (a decoder) or "
+                    "a full /dev/shm.")
+        if any(d.cause is not None for d in self.deaths):
+            msg += ("\nThe same batch hanging in every new worker points at its samples (a read that "
+                    "never returns): raise timeout if they are only slow.")
+        if last.stack:
+            msg += f"\nThe last one's Python stack before it was killed:\n{last.stack}"
         return WorkerDied(msg, list(self.deaths))

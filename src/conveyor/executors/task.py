@@ -97,12 +97,16 @@ class Death:
     pid: int | None
     exitcode: int | None
     tasks: tuple[Task, ...] = field(default=())
+    cause: str | None = None  # why the loader killed it itself (restart_hung), if it did
+    stack: str | None = None  # its Python stack just before, when it could tell
 
     def describe(self) -> str:
         import signal
 
         code = self.exitcode
-        if code is None:
+        if self.cause is not None:
+            how = f"was killed by the loader: {self.cause}"
+        elif code is None:
             how = "stopped responding"
         elif code < 0:
             try:
