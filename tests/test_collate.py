@@ -257,6 +257,18 @@ def test_default_collate_errors_match_torch(name: str) -> None:
     assert _error_type(default_collate, batch) is _error_type(torch_collate, batch)
 
 
+@pytest.mark.parametrize("name", ["unequal_lengths", "unequal_tuple_lengths", "sparse"])
+def test_default_collate_error_messages_start_with_torchs(name: str) -> None:
+    # code written against torch's loader may match its words: they come first, then ours
+    def message(fn: Callable[[Any], Any]) -> str:
+        with pytest.raises(RuntimeError) as info:
+            fn(BAD_BATCHES[name])
+        return str(info.value)
+
+    theirs, mine = message(torch_collate), message(default_collate)
+    assert mine.startswith(theirs.split(";")[0]), (mine, theirs)
+
+
 def test_nested_tensor_error_matches_torch() -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

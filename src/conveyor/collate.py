@@ -372,9 +372,9 @@ def _transpose(batch: Sequence[Any]) -> list[tuple[Any, ...]]:
         size = len(batch[0])
         for sample in batch:
             if len(sample) != size:
-                raise RuntimeError(
-                    "collate: every sample in the batch must have the same number of "
-                    f"elements; found {size} and {len(sample)}"
+                raise RuntimeError(  # torch's words first: code may match them
+                    "each element in list of batch should be of equal size: samples of "
+                    f"{size} and {len(sample)} elements in one batch"
                 ) from None
         raise
 
@@ -422,7 +422,8 @@ def collate_tensor_fn(batch: Sequence[Any], *, collate_fn_map: CollateFnMap | No
         )
     if elem.layout in _sparse(torch):
         raise RuntimeError(
-            "default_collate cannot batch sparse tensors; pass a collate_fn that handles them"
+            "Batches of sparse tensors are not currently supported by the default collate_fn; "
+            "pass a collate_fn that handles them"
         )
     alloc = _allocator.get()
     if alloc is not None:
