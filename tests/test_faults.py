@@ -296,6 +296,30 @@ def test_restart_hung_that_cannot_help_says_the_loader_killed_them_and_why() -> 
     assert_no_leaks(before, grace=15)
 
 
+class _LoadsInside(tud.Dataset):
+    """Each sample iterates a loader of its own, with process workers."""
+
+    def __len__(self) -> int:
+        return 4
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        inner = conveyor.DataLoader(Squares(4), batch_size=2, num_workers=2, adaptive=False)
+        return torch.tensor([i, len(list(inner))])
+
+
+@pytest.mark.timeout(60)
+def test_a_loader_inside_a_worker_says_to_use_threads_there() -> None:
+    # worker processes are daemonic and cannot start processes: torch raises the same
+    # AssertionError, naming no way out
+    before = Snapshot.take()
+    loader = conveyor.DataLoader(_LoadsInside(), batch_size=2, **KINDS["process"])
+    with pytest.raises(AssertionError, match="daemonic") as info:
+        drain(loader)
+    assert any("worker_type='thread'" in note for note in getattr(info.value, "__notes__", [])), info.value
+    del loader, info
+    assert_no_leaks(before, grace=15)
+
+
 class _HangsFirst(_Hangs):
     def __getitem__(self, i: int) -> torch.Tensor:
         return super().__getitem__(5 if i == 1 else i)

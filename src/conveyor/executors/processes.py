@@ -170,7 +170,11 @@ class ProcessExecutor:
                 conn.close()
             if bell is not None:
                 bell.close()
-            if isinstance(exc, Exception) and not started and self.method != "fork":
+            if isinstance(exc, AssertionError) and mp.current_process().daemon:
+                exc.add_note("This loader runs inside a worker process of another loader (its dataset "
+                             "iterates a loader of its own), and worker processes cannot start processes: "
+                             "give the inner loader worker_type='thread', or num_workers=0.")
+            elif isinstance(exc, Exception) and not started and self.method != "fork":
                 exc.add_note(f"Starting worker {w} with the '{self.method}' start method pickles the "
                              "dataset, collate_fn and worker_init_fn: each must be picklable "
                              "(defined at module level, not a lambda or a local function).")
