@@ -2203,32 +2203,36 @@ class _Run(Generic[T]):
         """With ``restart_hung=True``, kill the worker holding the awaited batch; recovery replaces it."""
         if not self.loader.restart_hung or not hasattr(self.ex, "kill"):
             return False
-        seq = self.reorder.next if self.loader.in_order else min(self.inflight, default=None)
-        where = self.inflight.get(seq) if seq is not None else None
-        if where is None:
+        awaited = self._awaited()
+        if awaited is None:
             return False
-        worker, task = where
+        worker, batch = awaited
         stack = self.ex.stack(worker) if hasattr(self.ex, "stack") else None
-        idx = "the next batch" if task.indices is None else f"indices {task.indices}"
-        cause = (f"stuck for more than timeout={self.loader.timeout} s on batch {seq - self.first_seq} of this "
-                 f"epoch ({idx}), restart_hung=True")
+        cause = f"stuck for more than timeout={self.loader.timeout} s on {batch}, restart_hung=True"
         self.ex.kill(worker, cause, stack)  # the next poll reports its death; its tasks are re-issued
         return True
 
-    def _timeout_error(self) -> RuntimeError:
+    def _awaited(self) -> tuple[int, str] | None:
+        """The worker holding the batch the consumer waits for, and that batch in words."""
         seq = self.reorder.next if self.loader.in_order else min(self.inflight, default=None)
         where = self.inflight.get(seq) if seq is not None else None
-        if where is None:
-            return RuntimeError(f"DataLoader timed out after {self.loader.timeout} seconds")
+        if seq is None or where is None:
+            return None
         worker, task = where
+        idx = "the next batch" if task.indices is None else f"indices {task.indices}"
+        return worker, f"batch {seq - self.first_seq} of this epoch ({idx})"
+
+    def _timeout_error(self) -> RuntimeError:
+        awaited = self._awaited()
+        if awaited is None:
+            return RuntimeError(f"DataLoader timed out after {self.loader.timeout} seconds")
+        worker, batch = awaited
         stack = None
         if hasattr(self.ex, "stack"):
             stack = self.ex.stack(worker)
         if hasattr(self.ex, "hung"):
             self.ex.hung.add(worker)  # closing need not wait for it to finish its batch
-        idx = "the next batch" if task.indices is None else f"indices {task.indices}"
-        msg = (f"DataLoader timed out after {self.loader.timeout} seconds waiting for batch {seq - self.first_seq} "
-               f"of this epoch ({idx}) from worker {worker}")
+        msg = f"DataLoader timed out after {self.loader.timeout} seconds waiting for {batch} from worker {worker}"
         if stack:
             msg += f"; its Python stack right now:\n{stack}"
         return RuntimeError(msg)
