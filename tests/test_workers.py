@@ -202,10 +202,18 @@ def test_closing_stuck_thread_workers_waits_once_for_all(monkeypatch: pytest.Mon
             now[0] += timeout or 0.0
 
     monkeypatch.setattr(threads_mod.time, "monotonic", lambda: now[0])
-    ex = threads_mod.ThreadExecutor.__new__(threads_mod.ThreadExecutor)
-    ex.closed, ex.pid, ex.queues, ex.threads = False, os.getpid(), [], [Stuck() for _ in range(4)]
-    ex.close(timeout=5.0)
-    assert sum(waited) == pytest.approx(5.0)
+    def close(hung: set[int]) -> list[float]:
+        waited.clear()
+        ex = threads_mod.ThreadExecutor.__new__(threads_mod.ThreadExecutor)
+        ex.closed, ex.pid, ex.queues, ex.threads = False, os.getpid(), [], [Stuck() for _ in range(4)]
+        ex.hung = hung
+        ex.close(timeout=5.0)
+        return list(waited)
+
+    assert sum(close(set())) == pytest.approx(5.0)
+    # a worker a timeout found stuck is not waited for: the 5 s are the others'
+    got = close({0})
+    assert got[0] == 0.0 and sum(got) == pytest.approx(5.0)
 
 
 class Counted(tud.Dataset):
