@@ -2305,9 +2305,10 @@ class _Run(Generic[T]):
 
 
 def _batch_size(loader: DataLoader[Any], r: Result) -> int:
+    """How many samples ``r``'s batch was made of (skipped ones included)."""
     if not loader._auto_collation:
         return 1
-    return loader.batch_size or 1
+    return r.samples or loader.batch_size or 1
 
 
 def _pinner(loader: DataLoader[Any]) -> Callable[[Any], Any] | None:

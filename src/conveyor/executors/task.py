@@ -53,6 +53,7 @@ class Result:
     # (batches, wall seconds) ``cpu`` covers when it spans the worker's last batches, idle
     # time between them included; None: ``cpu`` is this batch's alone
     cpu_span: tuple[int, float] | None = None
+    samples: int = 0  # samples the batch was made of, skipped ones included (0: not told)
 
     def fields(self) -> tuple[Any, ...]:
         """Every field, in order: ``Result(*r.fields())`` is ``r`` again. A process worker
@@ -60,7 +61,7 @@ class Result:
         look up and check on either side, no ``__reduce__`` to call)."""
         return (self.seq, self.worker, self.batch, self.failure, self.exhausted, self.empty,
                 self.skipped, self.start, self.fetched, self.end, self.retired, self.warning,
-                self.cpu, self.nbytes, self.rss, self.cpu_span)
+                self.cpu, self.nbytes, self.rss, self.cpu_span, self.samples)
 
     def __reduce__(self) -> tuple[Any, ...]:
         return Result, self.fields()

@@ -518,6 +518,13 @@ class Fetcher:
             else:
                 data, skipped, done = self._fetch_map(task)
             fetched = time.perf_counter()
+            # a custom batch sampler's batches, an epoch's short last one, a stream's: counted
+            if not spec.auto_collation:
+                n = 1
+            elif spec.iterable:
+                n = len(data) + len(skipped)
+            else:
+                n = len(task.indices)  # type: ignore[arg-type]
             if spec.auto_collation and not done and not data and skipped:
                 return Result(task.seq, self._wid(), empty=True, skipped=tuple(skipped),
                               start=start, fetched=fetched, end=fetched)
@@ -533,7 +540,7 @@ class Fetcher:
                 self.span_mark = (now, end, self.runs)
                 cpu, span = now - mark[0], (self.runs - mark[2], end - mark[1])
             return Result(task.seq, self._wid(), batch=data, skipped=tuple(skipped) if skipped else (),
-                          start=start, fetched=fetched, end=end, cpu=cpu, cpu_span=span)
+                          start=start, fetched=fetched, end=end, cpu=cpu, cpu_span=span, samples=n)
         except Exception as exc:
             indices = task.indices
             return Result(task.seq, self._wid(), failure=capture(exc, self.worker_id, indices, keep=self.keep),
