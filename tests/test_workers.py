@@ -261,6 +261,25 @@ def test_workers_run_at_most_prefetch_batches_ahead_of_a_slow_consumer(worker_ty
     assert most >= 2  # they did run ahead: the bound is what held them
 
 
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("worker_type", ["process", "thread"])
+@pytest.mark.parametrize("on_error", ["raise", "skip"])
+def test_fetch_threads_fetch_each_unbatched_sample_once(worker_type: str, on_error: str) -> None:
+    # batch_size=None: the fetch threads fetched each sample ahead of its turn, then the
+    # worker fetched it again itself (twice the reads, and nothing overlapped)
+    import multiprocessing as mp
+
+    ctx = mp.get_context("fork")
+    counter = ctx.Value("i", 0)
+    loader = conveyor.DataLoader(Counted(40, counter), batch_size=None, num_workers=2, fetch_threads=4,
+                                 worker_type=worker_type, adaptive=False, on_error=on_error,
+                                 multiprocessing_context=ctx if worker_type == "process" else None)
+    with loader:
+        got = [int(b) for b in loader]
+    assert got == list(range(40))
+    assert counter.value == 40
+
+
 def _malloc_churn(cycles: int = 8, size: int = 3 << 20, chunks: int = 3) -> list[int]:
     """Page faults of each cycle that mallocs ``chunks`` blocks of ``size``, writes them and
     frees them (a batch a collate_fn allocates with torch.stack, then drops). Left to its

@@ -274,6 +274,7 @@ class Fetcher:
         self.pool: FetchPool | None = None
         self.threads = 1
         self.pending: dict[int, Batch] = {}
+        self.work: float | None = None  # lane-seconds of the batch being made, when threads fetched it
         # (seconds, callback): called once when a batch takes longer (the main process
         # starts its workers early when a probing batch turns out slow)
         self.watch: tuple[float, Callable[[], float | None]] | None = None
@@ -320,7 +321,9 @@ class Fetcher:
         """Start fetching the samples of ``task`` on the fetch threads, if any."""
         if self.pool is None or task.indices is None or self.gather is not None or self.has_getitems:
             return
-        fn = self._guarded if self.spec.on_error == "skip" else self._one
+        # without auto-collation a failing sample fails its batch whatever on_error says (the
+        # loader skips that batch): ``_one``, whose exception the batch's results raise
+        fn = self._guarded if self.spec.on_error == "skip" and self.spec.auto_collation else self._one
         self.pending[task.seq] = self.pool.submit(fn, task.indices, task.epoch)
 
     def _samples(self, task: Task) -> tuple[list[Any], list[Failure]]:
@@ -333,6 +336,7 @@ class Fetcher:
             while delay is not None and call is not None and not fetching.wait(delay):
                 delay = call()
             samples = fetching.results()
+            self.work = fetching.spent
         elif watch is not None:
             samples = self._watched(indices, task.epoch, watch)
         elif self.spec.on_error == "skip":
@@ -417,6 +421,8 @@ class Fetcher:
         assert indices is not None
         spec = self.spec
         if not spec.auto_collation:
+            if task.seq in self.pending:  # fetched by the fetch threads (it was fetched twice)
+                return self._samples(task)[0][0], [], False
             return self._one(indices[0], task.epoch), [], False
         if self.gather is not None:
             with self.lock or contextlib.nullcontext():
@@ -503,6 +509,7 @@ class Fetcher:
         elif self.runs & 7 == 2 and not self.spans:
             cpu0 = self.cpu_clock()
         spec = self.spec
+        self.work = None
         try:
             if spec.iterable:
                 skipped: list[Failure] = []
@@ -540,7 +547,8 @@ class Fetcher:
                 self.span_mark = (now, end, self.runs)
                 cpu, span = now - mark[0], (self.runs - mark[2], end - mark[1])
             return Result(task.seq, self._wid(), batch=data, skipped=tuple(skipped) if skipped else (),
-                          start=start, fetched=fetched, end=end, cpu=cpu, cpu_span=span, samples=n)
+                          start=start, fetched=fetched, end=end, cpu=cpu, cpu_span=span, samples=n,
+                          work=self.work)
         except Exception as exc:
             indices = task.indices
             return Result(task.seq, self._wid(), failure=capture(exc, self.worker_id, indices, keep=self.keep),
