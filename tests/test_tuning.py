@@ -246,3 +246,38 @@ def test_ram_budget_is_bytes_none_or_auto() -> None:
     assert Tuner(cpu=2, ram=1 << 30).ram == 1 << 30
     measured = Tuner(cpu=2).ram  # "auto": half of what the machine has available
     assert measured is None or measured > 0
+
+
+def test_fetches_timed_by_threads_ahead_of_their_batch_count_not_the_batch_wall() -> None:
+    # batch_size=None, 5 ms a sample: the fetch threads fetch the batches a worker holds ahead
+    # of their turn, so a batch's own wall time in the worker is near nothing. Read from it,
+    # the work looked like 0.0 ms of CPU and one thread was chosen; the threads' own timing
+    # says 5 ms of waiting a batch. With one sample a batch, the threads need as many
+    # batches in flight as there are threads.
+    tuner = Tuner(cpu=2, ram=None)
+    snap: dict = {"batches": 0, "samples": 0, "steps": 0, "step_s": 0.0, "wait_s": 0.0,
+                  "num_workers": 2, "fetch_threads": 4, "prefetch_factor": 2, "workers": {}}
+    for _ in range(8):
+        snap = json.loads(json.dumps(snap))
+        n = 16
+        snap["batches"] += n
+        snap["samples"] += n  # one sample a batch
+        snap["steps"] += n
+        snap["step_s"] += 0.0001 * n
+        snap["wait_s"] += 0.001 * n
+        for k in ("0", "1"):
+            w = snap["workers"].setdefault(k, {"batches": 0, "busy_s": 0.0, "cpu_s": 0.0, "cpu_batches": 0,
+                                               "mean_batch_s": 0.00005, "std_batch_s": 0.0,
+                                               "cpu_wall_s": 0.0, "work_s": 0.0, "work_batches": 0})
+            w["batches"] += n // 2
+            w["busy_s"] += 0.00005 * (n // 2)
+            w["cpu_s"] += 0.00005 * (n // 2)
+            w["cpu_batches"] += n // 2
+            w["cpu_wall_s"] += 0.001 * (n // 2)  # the worker's CPU over the wall time its batches spanned
+            w["work_s"] += 0.005 * (n // 2)
+            w["work_batches"] += n // 2
+        tuner.observe(snap)
+    d = tuner.decision()
+    assert "I/O-bound" in d.reason and "5.0 ms of fetching" in d.reason, d
+    assert d.fetch_threads > 4, d
+    assert d.prefetch_factor is not None and d.prefetch_factor >= d.fetch_threads, d

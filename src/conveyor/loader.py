@@ -2025,7 +2025,7 @@ class _Run(Generic[T]):
         self.out_worker = r.worker
         if r.start:
             self.stats.result(r.worker, r.start, r.fetched, r.end, cpu=r.cpu, nbytes=r.nbytes, rss=r.rss,
-                              cpu_span=r.cpu_span)
+                              cpu_span=r.cpu_span, work=r.work)
         if r.exhausted:
             w = max(r.worker, 0)  # -1: the main process, the only replica with 0 workers
             if w < len(self.active):

@@ -89,6 +89,8 @@ class WorkerTimes:
     cpu_batches: int = 0  # batches that came with a CPU time (or that a reported span covered)
     cpu_wall_s: float = 0.0  # wall seconds the reported spans covered (0: per-batch CPU times only)
     rss: int = 0  # the worker's last reported resident set size, bytes (0: unknown)
+    work_s: float = 0.0  # lane-seconds of fetches the fetch threads timed ...
+    work_batches: int = 0  # ... over this many batches (the rest: busy time alone says)
 
 
 @dataclass
@@ -168,13 +170,15 @@ class Stats:
 
     def result(self, worker: int, start: float, fetched: float, end: float, *,
                cpu: float | None = None, nbytes: int | None = None, rss: int | None = None,
-               batches: int = 1, cpu_span: tuple[int, float] | None = None) -> None:
+               batches: int = 1, cpu_span: tuple[int, float] | None = None,
+               work: float | None = None) -> None:
         """A worker finished a batch: fetched in ``start..fetched``, collated until ``end``.
 
         ``cpu`` is the CPU time the worker spent on it (``time.process_time()``
         delta in a process, ``time.thread_time()`` in a thread; with ``cpu_span``, the
         (batches, wall seconds) it covers, idle time included), ``nbytes`` the
-        batch's size and ``rss`` the worker's resident memory, each when known.
+        batch's size, ``rss`` the worker's resident memory and ``work`` the wall seconds
+        its fetches took added up (fetch threads time them), each when known.
         """
         if self.pending:
             self.flush()
@@ -197,6 +201,9 @@ class Stats:
                 wt.cpu_wall_s += cpu_span[1]
         if rss:
             wt.rss = rss
+        if work is not None:
+            wt.work_s += work
+            wt.work_batches += batches
         if nbytes:
             self.batch_bytes += nbytes
             self.sized_batches += 1
@@ -262,6 +269,8 @@ class Stats:
                 "cpu_s": t.cpu_s if t.cpu_batches else None,
                 "cpu_batches": t.cpu_batches,
                 "cpu_wall_s": t.cpu_wall_s or None,
+                "work_s": t.work_s if t.work_batches else None,
+                "work_batches": t.work_batches,
                 "busy_fraction": min(1.0, t.busy_s / elapsed),
                 "rss": t.rss or None,
             }

@@ -41,6 +41,7 @@ from typing import Any
 __all__ = ["Decision", "ThreadSteer", "Tuner", "cpu_budget", "ram_budget"]
 
 IO_BOUND = 0.5  # cpu/work below this: the fetch mostly waits
+MAX_PREFETCH = 64  # batches in flight a worker: enough for one sample a batch and 64 threads
 SATURATED = 0.9  # a worker's core share above this: its threads keep the core busy
 MAX_THREADS = 64
 
@@ -138,6 +139,8 @@ class Window:
     lanes: int  # fetches that could run at once (workers x fetch_threads)
     workers: int
     use: float | None = None  # share of its core a worker kept busy (CPU over wall of its spans)
+    samples: float = 0.0  # samples a batch, on average (0: not told)
+    measured: float | None = None  # lane-seconds a batch, as fetch threads timed its fetches
 
     @property
     def threads(self) -> int:
@@ -146,8 +149,17 @@ class Window:
 
     @property
     def work(self) -> float:
-        """Lane-seconds of one batch: its wall time in a worker times the worker's threads."""
-        return self.busy * self.threads
+        """Lane-seconds of one batch: as fetch threads timed its fetches, else its wall time
+        in a worker times the fetches that ran at once on it, the worker's threads or its
+        samples, whichever are fewer. (Threads fetch the batches a worker holds ahead of
+        their turn, so a batch's own wall time can be near nothing: with one sample a batch
+        and 64 threads it read as 0.0 ms, the work as CPU-bound, and one thread was chosen.)"""
+        if self.measured is not None:
+            return self.measured
+        threads = self.threads
+        if self.samples >= 1:
+            threads = min(threads, max(1, round(self.samples)))
+        return self.busy * threads
 
 
 def _totals(snap: dict[str, Any]) -> tuple[int, float, float, float, int, float, float]:
@@ -169,6 +181,17 @@ def _totals(snap: dict[str, Any]) -> tuple[int, float, float, float, int, float,
                 span_cpu += w["cpu_s"]
                 span_wall += w["cpu_wall_s"]
     return int(n), busy, sq, cpu, cpu_n, span_cpu, span_wall
+
+
+def _work_totals(snap: dict[str, Any]) -> tuple[float, int]:
+    """Sums over workers: lane-seconds the fetch threads timed, and over how many batches."""
+    work = 0.0
+    n = 0
+    for w in snap.get("workers", {}).values():
+        if w.get("work_s") is not None:
+            work += w["work_s"]
+            n += w.get("work_batches", 0)
+    return work, n
 
 
 class ThreadSteer:
@@ -302,7 +325,11 @@ class Tuner:
         workers = int(snap.get("num_workers", 0) or 0)
         lanes = max(1, workers) * int(snap.get("fetch_threads", 1) or 1)
         use = (sc1 - sc0) / (sw1 - sw0) if sw1 > sw0 else (cpu / busy if cpu is not None and busy > 0 else None)
-        self.windows.append(Window(dn, busy, math.sqrt(var), cpu, step, wait, lanes, workers, use))
+        samples = (snap.get("samples", 0) - last.get("samples", 0)) / handed
+        (wk1, wn1), (wk0, wn0) = _work_totals(snap), _work_totals(last)
+        measured = (wk1 - wk0) / (wn1 - wn0) if wn1 > wn0 else None
+        self.windows.append(Window(dn, busy, math.sqrt(var), cpu, step, wait, lanes, workers, use, samples,
+                                   measured))
         self.seen += handed
         rss = [w.get("rss") for k, w in snap.get("workers", {}).items() if int(k) >= 0 and w.get("rss")]
         if rss:
@@ -387,7 +414,8 @@ class Tuner:
         # the share of its core a worker used, and with how many threads: the latest window
         # that knows (a mean over windows run with other thread counts would mix them up)
         use = next(((w.use, w.threads) for w in reversed(ws) if w.use is not None), None)
-        return {"busy": busy, "work": work, "std": std, "cpu": cpu, "step": step, "use": use}
+        samples = ws[-1].samples
+        return {"busy": busy, "work": work, "std": std, "cpu": cpu, "step": step, "use": use, "samples": samples}
 
     def _choose(self, e: dict[str, Any]) -> Decision:
         busy, work, cpu, step = e["busy"], e["work"], e["cpu"], max(0.0, e["step"])
@@ -399,8 +427,8 @@ class Tuner:
         ratio_txt = f"cpu/wall {ratio:.0%}" if cpu is not None else (
             "fetches did not slow down beyond the cores" if self._io_evidence else "no CPU times: assumed")
         # loading inline costs busy per step: fine when that is under the target
-        if step > 0 and busy / (busy + step) < self.target_wait:
-            return Decision(0, 1, None, f"fetching costs {busy / (busy + step):.0%} of a step inline: "
+        if step > 0 and work / (work + step) < self.target_wait:  # inline, a batch costs its work
+            return Decision(0, 1, None, f"fetching costs {work / (work + step):.0%} of a step inline: "
                             "no workers needed", False)
         margin = 1.0 + 2 * self.target_wait  # jitter headroom
         lanes = math.ceil(work * margin / step) if step > 0 else 10**6
@@ -436,6 +464,10 @@ class Tuner:
                             else f"; {lanes} fetches at once would hide loading, capped at {self.max_threads} threads")
         cv = e["std"] / busy if busy > 0 else 0.0
         prefetch = 4 if cv > 0.5 else 2
+        if threads > 1 and e.get("samples", 0) >= 1:
+            # a worker's threads fetch the samples of the batches it holds: with fewer samples
+            # a batch than threads (batch_size=None: one), more batches in flight keep them busy
+            prefetch = min(MAX_PREFETCH, max(prefetch, math.ceil(threads / e["samples"])))
         mem_note = ""
         if self.ram is not None and (self._rss or self._batch_bytes):
             def per_worker(pf: int) -> float:

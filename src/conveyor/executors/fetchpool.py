@@ -20,6 +20,7 @@ from __future__ import annotations
 import queue
 import threading
 import weakref
+from time import perf_counter
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -36,19 +37,21 @@ class _Failed:
 class Batch:
     """The samples of one batch, filled in by the fetch threads."""
 
-    __slots__ = ("out", "left", "lock", "done")
+    __slots__ = ("out", "left", "lock", "done", "spent")
 
     def __init__(self, n: int) -> None:
         self.out: list[Any] = [None] * n
         self.left = n
+        self.spent = 0.0  # wall seconds its fetches took, added up (lane-seconds)
         self.lock = threading.Lock()
         self.done = threading.Event()
         if n == 0:
             self.done.set()
 
-    def _put(self, k: int, value: Any) -> None:
+    def _put(self, k: int, value: Any, spent: float = 0.0) -> None:
         self.out[k] = value
         with self.lock:
+            self.spent += spent
             self.left -= 1
             last = self.left == 0
         if last:
@@ -139,9 +142,10 @@ def _serve(q: queue.SimpleQueue[Any], flags: _Flags, init: Callable[[], None] | 
         if flags.closed:  # cancelled: the batch is abandoned, nobody waits on it
             batch._put(k, _Failed(RuntimeError("fetch pool closed")))
             continue
+        t0 = perf_counter()
         try:
             value = fn(x, epoch)
         except BaseException as exc:  # noqa: BLE001 - handed to whoever collects the batch
             value = _Failed(exc)
-        batch._put(k, value)
+        batch._put(k, value, perf_counter() - t0)
         del item, batch, fn, x, value

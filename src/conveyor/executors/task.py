@@ -54,6 +54,9 @@ class Result:
     # time between them included; None: ``cpu`` is this batch's alone
     cpu_span: tuple[int, float] | None = None
     samples: int = 0  # samples the batch was made of, skipped ones included (0: not told)
+    # lane-seconds of its fetches, when fetch threads made them (ahead of the batch's turn:
+    # its own wall time then says little of what a batch costs); None otherwise
+    work: float | None = None
 
     def fields(self) -> tuple[Any, ...]:
         """Every field, in order: ``Result(*r.fields())`` is ``r`` again. A process worker
@@ -61,7 +64,7 @@ class Result:
         look up and check on either side, no ``__reduce__`` to call)."""
         return (self.seq, self.worker, self.batch, self.failure, self.exhausted, self.empty,
                 self.skipped, self.start, self.fetched, self.end, self.retired, self.warning,
-                self.cpu, self.nbytes, self.rss, self.cpu_span, self.samples)
+                self.cpu, self.nbytes, self.rss, self.cpu_span, self.samples, self.work)
 
     def __reduce__(self) -> tuple[Any, ...]:
         return Result, self.fields()
