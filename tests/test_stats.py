@@ -81,6 +81,13 @@ def test_report_io_bound_suggests_fetch_threads() -> None:
     assert "bottleneck" in text and "fetch_threads=5" in text
 
 
+def test_report_io_bound_stream_suggests_workers_not_fetch_threads() -> None:
+    # an IterableDataset's worker reads its one iterator: the loader refuses fetch_threads for
+    # it, so the advice was one the user could not take
+    text = report(snap(run(1, batch_s=0.05, step_s=0.01, cpu=0.002), 1, iterable=True), cores=8)
+    assert "bottleneck" in text and "fetch_threads" not in text and "num_workers=5" in text, text
+
+
 def test_report_io_bound_with_threads_never_suggests_fewer() -> None:
     # 2 workers with 64 threads each, a batch every 1 ms of wall each (64 fetches in flight
     # already), a step of 20 us: 50 such workers would keep up, far more than the machine
@@ -348,3 +355,31 @@ def test_process_workers_report_their_resident_memory() -> None:
     for w in (0, 1):
         rss = workers[w]["rss"]
         assert rss is not None and 1 << 20 < rss < 1 << 40  # a Python process: at least a MiB
+
+
+class _Sleepy:
+    """1 ms a sample, 8 ms a batch of 8: slow enough that the probing batch starts workers."""
+
+    def __len__(self) -> int:
+        return 100
+
+    def __getitem__(self, i: int) -> int:
+        import time
+
+        time.sleep(0.001)
+        return i
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("worker_type", ["thread", "process"])
+def test_stats_count_the_workers_that_made_batches_in_a_short_epoch(worker_type: str) -> None:
+    # one short epoch in which the pool still probed: thread workers made all but the first
+    # batch, and stats() said num_workers=0 (report() then advised 'up to num_workers=1')
+    import conveyor
+
+    with conveyor.DataLoader(_Sleepy(), batch_size=8, num_workers=2, worker_type=worker_type) as loader:
+        assert len(list(loader)) == 13
+        s = loader.stats()
+    made = {int(w): v["batches"] for w, v in s["workers"].items()}
+    assert sum(n for w, n in made.items() if w >= 0) > 0, made  # the workers made batches
+    assert s["num_workers"] == 2, (s["num_workers"], made)

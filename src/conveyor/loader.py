@@ -641,8 +641,11 @@ class DataLoader(Generic[T]):
         pool = self._persistent or (run.pool if run is not None else self._last_pool)
         snap["main_process_batches"] = pool.inline_batches if pool is not None else 0
         snap["workers_started"] = bool(pool is not None and pool.launched)
+        snap["iterable"] = self._iterable  # (report: a stream's worker reads one iterator, no fetch threads)
         if pool is not None:
-            snap["num_workers"] = pool.num_workers if pool.mode == "workers" else 0
+            # workers that started count, also while the pool still probes (a short epoch of
+            # thread workers read as num_workers=0, and report() advised what was set already)
+            snap["num_workers"] = pool.num_workers if pool.mode == "workers" or pool.launched else 0
             snap["fetch_threads"] = pool.threads
             snap["prefetch_factor"] = pool.prefetch if pool.num_workers else None
             if pool.tuner is not None:

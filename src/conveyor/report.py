@@ -116,6 +116,12 @@ def report(snap: dict[str, Any], cores: int | None = None) -> str:
             more = f" (up to num_workers={cores} can help)" if nw < cores else ""
             parts.append(f"{head}; the training loop takes (almost) no time between batches, so loading sets "
                          f"the pace{more}")
+        elif io_bound and need > nw and snap.get("iterable"):
+            # a stream's worker reads its one iterator: fetch threads cannot split it (the
+            # loader refuses them), so only more workers, each with its shard, read more at once
+            parts.append(f"{head}; fetches mostly wait on storage (CPU {_pct(ratio or 0)} of their time): an "
+                         f"IterableDataset's worker reads one item at a time, so num_workers={min(need, 64)}, each "
+                         "reading its shard, would hide it (or let the stream read ahead itself)")
         elif io_bound and need > nw:
             # ``need`` counts workers with this many threads each: the fetches in flight it takes
             # are ``need * threads``, spread over the workers there are (64 threads at most each)
