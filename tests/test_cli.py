@@ -152,6 +152,36 @@ def test_tune_says_when_the_factory_gives_no_dataset() -> None:
         cli.main(["tune", "builtins:int", "--batch-size", "4"])
 
 
+def test_tune_says_when_the_factory_fails(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                         capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "faildata.py").write_text("def needs(path):\n    return [path]\n"
+                                          "def boom():\n    raise OSError('cannot open /data/missing')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(SystemExit, match=r"calling faildata:needs\(\) failed with TypeError.*no arguments"):
+        cli.main(["tune", "faildata:needs", "--batch-size", "4"])
+    with pytest.raises(SystemExit, match=r"calling faildata:boom\(\) failed with OSError: cannot open"):
+        cli.main(["tune", "faildata:boom", "--batch-size", "4"])
+    assert "faildata.py" in capsys.readouterr().err  # the user's traceback, to find where it failed
+
+
+@pytest.mark.timeout(120)
+def test_tune_sweeps_a_stream_without_fetch_threads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    # the default --fetch-threads 1,8 made a loader the constructor refuses for a stream
+    (tmp_path / "streamdata.py").write_text("import numpy as np\n"
+                                            "class Stream:\n"
+                                            "    def __iter__(self):\n"
+                                            "        return (np.full(2, i) for i in range(64))\n"
+                                            "def make():\n    return Stream()\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert cli.main(["tune", "streamdata:make", "--batch-size", "4", "--workers", "0,1", "--batches", "3",
+                     "--output", "numpy"]) == 0
+    out = capsys.readouterr().out
+    assert "fetch threads do not apply" in out and "num_workers=" in out
+    with pytest.raises(SystemExit, match="cannot shuffle"):
+        cli.main(["tune", "streamdata:make", "--batch-size", "4", "--shuffle"])
+
+
 def test_builtin_data_is_deterministic_and_seed_shaped() -> None:
     x1, y1 = cli.make_diabetes()
     x2, y2 = cli.make_diabetes()

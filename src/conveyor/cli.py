@@ -18,6 +18,7 @@ import math
 import os
 import sys
 import time
+import traceback
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
@@ -349,7 +350,7 @@ def _sweeping(workers: Iterable[int]) -> Iterator[None]:
 
 
 def tune(args: argparse.Namespace) -> int:
-    from .loader import DataLoader
+    from .loader import DataLoader, _is_iterable_dataset
 
     if args.batches < 2:
         raise SystemExit("conveyor tune: --batches must be at least 2 (the first batch is timed on its own)")
@@ -357,10 +358,25 @@ def tune(args: argparse.Namespace) -> int:
         raise SystemExit(f"conveyor tune: --batch-size must be a positive integer, got {args.batch_size}")
     if args.step_ms < 0:
         raise SystemExit(f"conveyor tune: --step-ms must not be negative, got {args.step_ms:g}")
-    dataset = _load_factory(args.factory)()
+    factory = _load_factory(args.factory)
+    try:
+        dataset = factory()
+    except Exception as exc:
+        traceback.print_exc()  # the user's code: where it failed is theirs to see
+        raise SystemExit(f"conveyor tune: calling {args.factory}() failed with {type(exc).__name__}: {exc} "
+                         "(FACTORY is called with no arguments and returns the dataset)") from None
     if not (hasattr(dataset, "__getitem__") or hasattr(dataset, "__iter__")):
         raise SystemExit(f"conveyor tune: {args.factory}() returned a {type(dataset).__name__}, not a dataset "
                          "(an object with __getitem__ and __len__, or an iterable)")
+    if _is_iterable_dataset(dataset):
+        # a stream's worker reads its one iterator: no fetch threads, no shuffling by the loader
+        if args.shuffle:
+            raise SystemExit(f"conveyor tune: {args.factory}() returned an iterable dataset, which the loader "
+                             "cannot shuffle: leave out --shuffle")
+        if any(t > 1 for t in args.fetch_threads):
+            print("note: an iterable dataset's worker reads one iterator, so fetch threads do not apply: "
+                  "sweeping num_workers alone", flush=True)
+            args.fetch_threads = [1]
     if args.output != "numpy":
         _torch.get()  # import torch now, not inside the first setting's timing
     step = args.step_ms / 1e3
