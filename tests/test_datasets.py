@@ -364,8 +364,8 @@ def test_csv_that_numpy_cannot_read_names_the_file_and_the_likely_cause(tmp_path
 # ---------------------------------------------------------------- ImageFolder
 
 
-class Recorder:
-    """A transform with a ``size`` attribute that records the decoded size."""
+class Resize:
+    """A resize with a ``size`` attribute (as torchvision's) that records the decoded size."""
 
     def __init__(self, size: int) -> None:
         self.size = size
@@ -411,18 +411,52 @@ def test_image_folder_matches_torchvision_order(image_tree: Path) -> None:
 
 
 def test_image_folder_draft_mode(image_tree: Path) -> None:
-    rec = Recorder(128)
+    rec = Resize(128)
     ds = ImageFolder(image_tree, transform=rec, target_transform=lambda t: t + 10)
     assert ds.size == 128
     img, target = ds[0]
     assert target == 10 and img.size == (128, 128)
     assert rec.seen[-1][0] <= 256 and min(rec.seen[-1]) >= 128
-    plain = Recorder(128)
+    plain = Resize(128)
     ImageFolder(image_tree, transform=plain, draft=False)[0]
     assert plain.seen[-1] == (512, 512)
-    explicit = Recorder(1)
+    explicit = Resize(1)
     ImageFolder(image_tree, transform=explicit, size=(200, 100))[0]
     assert explicit.seen[-1] == (256, 256)
+
+
+class CenterCrop(Resize):
+    """A crop with a ``size`` attribute (as torchvision's): the region it cuts, not the image."""
+
+    def __call__(self, img: Any) -> Any:
+        self.seen.append(img.size)
+        w, h = img.size
+        left, top = (w - self.size) // 2, (h - self.size) // 2
+        return img.crop((left, top, left + self.size, top + self.size))
+
+
+class Compose:
+    def __init__(self, transforms: list[Any]) -> None:
+        self.transforms = transforms
+
+    def __call__(self, img: Any) -> Any:
+        for t in self.transforms:
+            img = t(img)
+        return img
+
+
+def test_image_folder_does_not_draft_before_a_crop(image_tree: Path) -> None:
+    # drafting the 512-pixel JPEG down to a crop's 128 made the crop span nearly the whole
+    # picture: a crop cuts its region from the image at full resolution
+    for transform in (CenterCrop(128), Compose([CenterCrop(128), Resize(64)])):
+        ds = ImageFolder(image_tree, transform=transform)
+        assert ds.size is None
+        ds[0]
+        crop = transform if isinstance(transform, CenterCrop) else transform.transforms[0]
+        assert crop.seen[-1] == (512, 512)
+    # a resize first is drafted (Compose's first step)
+    first = Resize(128)
+    assert ImageFolder(image_tree, transform=Compose([first, CenterCrop(100)])).size == 128
 
 
 def test_image_folder_custom_loader_and_errors(image_tree: Path, tmp_path: Path) -> None:

@@ -6,9 +6,11 @@
 
 Paths live in numpy buffers, never in a list of tuples, so forked workers do
 not copy them page by page. When the wanted size is known (a ``size``
-argument, or a ``size`` attribute on the transform or on the first step of a
+argument, or a transform that is a resize, alone or as the first step of a
 Compose), JPEGs are decoded at a reduced scale (1/2, 1/4, 1/8) that is still at
-least that size, which saves most of the decode time for large photos.
+least that size, which saves most of the decode time for large photos. A crop
+first (``CenterCrop``, ``RandomResizedCrop``) must see the full resolution: a
+crop's ``size`` is that of the region it cuts, not of the image it cuts it from.
 """
 
 from __future__ import annotations
@@ -54,8 +56,13 @@ def pil_loader(path: str, size: Size | None = None) -> Any:
 
 
 def _requested_size(transform: object) -> Size | None:
-    """The output size a transform asks for, when it says so in a ``size`` attribute."""
+    """The size a resize asks for (its ``size`` attribute), when the transform is one or
+    starts with one. Only a resize: drafting down to a crop's size before the crop cut
+    its region from a scaled-down image (CenterCrop(224) of a 1024-pixel JPEG spanned
+    nearly the whole picture; RandomResizedCrop's crops came out blurred)."""
     for candidate in (transform, *(getattr(transform, "transforms", None) or ())[:1]):
+        if not type(candidate).__name__.endswith("Resize"):
+            continue
         size = getattr(candidate, "size", None)
         if isinstance(size, int) and not isinstance(size, bool):
             return size
@@ -108,9 +115,9 @@ class ImageFolder(Dataset[tuple[Any, Any]]):
     """Images in ``root/<class>/**/<file>``, labelled by their sorted class folder.
 
     ``dataset[i]`` is ``(transform(image), target_transform(target))``; the
-    image is an RGB PIL image before the transform. Pass ``size`` (or use a
-    transform with a ``size`` attribute) to decode JPEGs at a reduced scale;
-    ``draft=False`` turns that off (e.g. before a crop of a small region).
+    image is an RGB PIL image before the transform. Pass ``size`` (or start the
+    transform with a resize, e.g. torchvision's ``Resize(256)``) to decode JPEGs at a
+    reduced scale no smaller than that; ``draft=False`` turns that off.
     A custom ``loader(path)`` replaces Pillow decoding entirely.
 
     >>> ds = ImageFolder("data/train", size=224)  # doctest: +SKIP
