@@ -348,6 +348,31 @@ def test_csv_saved_with_a_byte_order_mark(tmp_path: Path, header: bool) -> None:
     np.testing.assert_array_equal(ds.features, [[1, 2], [3, 4]])
 
 
+@pytest.mark.parametrize("text", [
+    "# exported 2024-01-01\na,b,label\n1,2,0\n3,4,1\n",  # a comment before the header
+    "\n\na,b,label\n1,2,0\n3,4,1\n",  # blank lines before it
+    '"a","b","label"\n"1","2","0"\n"3","4","1"\n',  # every field quoted (pandas' QUOTE_ALL)
+], ids=["comment-first", "blank-first", "all-quoted"])
+def test_csv_header_after_comments_and_quoted_fields(tmp_path: Path, text: str) -> None:
+    # the header was found past comments and blank lines, but numpy skipped one raw line
+    # and read the header as data; quoted numbers were 'text'
+    path = tmp_path / "data.csv"
+    path.write_text(text)
+    ds = CSVDataset(path)
+    assert ds.columns == ["a", "b", "label"]
+    np.testing.assert_array_equal(ds.features, [[1, 2], [3, 4]])
+    np.testing.assert_array_equal(ds.labels, [[0], [1]])
+
+
+def test_csv_quoted_header_name_with_the_delimiter_is_one_column(tmp_path: Path) -> None:
+    path = tmp_path / "units.csv"
+    path.write_text('"height, cm",weight,label\n170,60,0\n180,80,1\n')
+    ds = CSVDataset(path, feature_columns="height, cm", label_columns="label")
+    assert ds.columns == ["height, cm", "weight", "label"]
+    np.testing.assert_array_equal(ds.features, [170, 180])
+    np.testing.assert_array_equal(ds.labels, [0, 1])
+
+
 @pytest.mark.parametrize("text, hint", [
     ("a,b,label\n1,2,0\n3,,1\n", "empty field"),
     ("a;b;label\n1;2;0\n", "pass delimiter=';'"),

@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import csv
 import gzip
 import os
 from collections.abc import Sequence
@@ -33,7 +34,12 @@ def _open(path: str | os.PathLike[str]) -> IO[str]:
 
 
 def _split(line: str, delimiter: str | None) -> list[str]:
-    return [f.strip().strip('"').strip("'") for f in line.rstrip("\r\n").split(delimiter)]
+    """The fields of one line: quoted ones whole (``"height, cm"`` is one name)."""
+    line = line.rstrip("\r\n")
+    if delimiter is not None and len(delimiter) == 1:
+        fields = next(csv.reader([line], delimiter=delimiter, skipinitialspace=True), [])
+        return [f.strip().strip("'") for f in fields]
+    return [f.strip().strip('"').strip("'") for f in line.split(delimiter)]
 
 
 def _hint(first: str, delimiter: str | None, message: str) -> str:
@@ -91,7 +97,7 @@ class CSVDataset(ArrayDataset):
         comments: str | None = "#",
     ) -> None:
         self.path = os.fspath(path)
-        first = self._first_line(comments)
+        first, at = self._first_line(comments)
         fields = _split(first, delimiter)
         if skip_header is None:
             skip_header = not all(_is_number(f) for f in fields)
@@ -116,12 +122,14 @@ class CSVDataset(ArrayDataset):
             table = np.loadtxt(
                 self.path,
                 delimiter=delimiter,
-                skiprows=1 if skip_header else 0,
+                # past the header, whatever comments or blank lines came before it
+                skiprows=at + 1 if skip_header else 0,
                 usecols=used,
                 dtype=load_dt,
                 ndmin=2,
                 comments=comments,
                 encoding=ENCODING,
+                quotechar='"',  # "1.5" as exported with every field quoted
             )
         except ValueError as e:
             raise ValueError(f"{self.path}: {e}{_hint(first, delimiter, str(e))}") from e
@@ -142,12 +150,13 @@ class CSVDataset(ArrayDataset):
         """The label array, or None when ``label_columns`` was None."""
         return self.arrays[1] if len(self.arrays) > 1 else None
 
-    def _first_line(self, comments: str | None) -> str:
+    def _first_line(self, comments: str | None) -> tuple[str, int]:
+        """The first line that is neither blank nor a comment, and its number (from 0)."""
         with _open(self.path) as f:
-            for line in f:
+            for k, line in enumerate(f):
                 stripped = line.strip()
                 if stripped and not (comments and stripped.startswith(comments)):
-                    return line
+                    return line, k
         raise ValueError(f"{self.path} holds no rows")
 
     def _resolve(self, spec: Columns, ncols: int) -> list[int]:
