@@ -364,6 +364,22 @@ def test_csv_header_after_comments_and_quoted_fields(tmp_path: Path, text: str) 
     np.testing.assert_array_equal(ds.labels, [[0], [1]])
 
 
+def test_csv_with_a_header_alone_or_another_encoding_says_so(tmp_path: Path) -> None:
+    # a header alone gave an empty dataset and numpy's warning, where an empty file raised;
+    # a latin-1 export raised a UnicodeDecodeError naming no file
+    path = tmp_path / "head.csv"
+    path.write_text("a,b,label\n")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(ValueError, match="head.csv holds a header but no rows"):
+            CSVDataset(path)
+    latin = tmp_path / "latin.csv"
+    latin.write_bytes("a,b,label\n1,2,0\n".encode() + "\xe9,1,1\n".encode("latin-1"))
+    with pytest.raises(UnicodeDecodeError) as info:
+        CSVDataset(latin)
+    assert any("latin.csv is not UTF-8" in note for note in info.value.__notes__)
+
+
 def test_csv_quoted_header_name_with_the_delimiter_is_one_column(tmp_path: Path) -> None:
     path = tmp_path / "units.csv"
     path.write_text('"height, cm",weight,label\n170,60,0\n180,80,1\n')

@@ -9,6 +9,7 @@ from __future__ import annotations
 import csv
 import gzip
 import os
+import warnings
 from collections.abc import Sequence
 from typing import IO
 
@@ -97,7 +98,12 @@ class CSVDataset(ArrayDataset):
         comments: str | None = "#",
     ) -> None:
         self.path = os.fspath(path)
-        first, at = self._first_line(comments)
+        try:
+            first, at = self._first_line(comments)
+        except UnicodeDecodeError as e:
+            e.add_note(f"{self.path} is not UTF-8 text (a spreadsheet's export in another encoding?): "
+                       "save it as UTF-8 and read it again")
+            raise
         fields = _split(first, delimiter)
         if skip_header is None:
             skip_header = not all(_is_number(f) for f in fields)
@@ -119,20 +125,28 @@ class CSVDataset(ArrayDataset):
         label_dt = np.dtype(dtype if label_dtype is None else label_dtype)
         load_dt = np.dtype(dtype) if label_dt == np.dtype(dtype) else np.float64
         try:
-            table = np.loadtxt(
-                self.path,
-                delimiter=delimiter,
-                # past the header, whatever comments or blank lines came before it
-                skiprows=at + 1 if skip_header else 0,
-                usecols=used,
-                dtype=load_dt,
-                ndmin=2,
-                comments=comments,
-                encoding=ENCODING,
-                quotechar='"',  # "1.5" as exported with every field quoted
-            )
+            with warnings.catch_warnings():  # a header alone: said below, as an error
+                warnings.filterwarnings("ignore", message="loadtxt: input contained no data")
+                table = np.loadtxt(
+                    self.path,
+                    delimiter=delimiter,
+                    # past the header, whatever comments or blank lines came before it
+                    skiprows=at + 1 if skip_header else 0,
+                    usecols=used,
+                    dtype=load_dt,
+                    ndmin=2,
+                    comments=comments,
+                    encoding=ENCODING,
+                    quotechar='"',  # "1.5" as exported with every field quoted
+                )
+        except UnicodeDecodeError as e:  # past the first line: a byte of another encoding further down
+            e.add_note(f"{self.path} is not UTF-8 text (a spreadsheet's export in another encoding?): "
+                       "save it as UTF-8 and read it again")
+            raise
         except ValueError as e:
             raise ValueError(f"{self.path}: {e}{_hint(first, delimiter, str(e))}") from e
+        if len(table) == 0:
+            raise ValueError(f"{self.path} holds a header but no rows")
         features = np.ascontiguousarray(table[:, [where[c] for c in feature_idx]], dtype=dtype)
         arrays: list[np.ndarray] = [features[:, 0] if features_1d else features]
         if labels_idx is not None:
