@@ -557,6 +557,10 @@ def test_string_array_basics() -> None:
         arr[5]
     with pytest.raises(IndexError):
         arr[-6]
+    for bad in (1.0, [0, 1]):  # as a list refuses them (AttributeError: no __index__, before)
+        with pytest.raises(TypeError, match="integers or slices"):
+            arr[bad]  # type: ignore[index]
+    assert arr[np.int64(4)] == "z"
     assert arr.index("z") == 4 and "日本" in arr and "q" not in arr
     assert arr != ["a"] and arr == ("a", "", "héllo", "日本", "z")
     assert arr.take([4, -1, 0]) == ["z", "z", "a"]

@@ -15,6 +15,7 @@ two buffers, so spawned workers receive bytes, not millions of objects.
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, SupportsIndex, overload
 
@@ -117,7 +118,11 @@ class StringArray(Sequence[str]):
                 out._data, out._offsets = self._data, self._offsets[start : stop + 1]
                 return out
             return self.take(range(start, stop, step))
-        i = index.__index__()
+        try:
+            i = operator.index(index)
+        except TypeError:  # as a list says it (a float, a list of indices: take() takes those)
+            raise TypeError(f"StringArray indices must be integers or slices, not {type(index).__name__}; "
+                            "use take() for many") from None
         if i < 0:
             i += n
         if not 0 <= i < n:
