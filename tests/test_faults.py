@@ -296,6 +296,31 @@ def test_restart_hung_that_cannot_help_says_the_loader_killed_them_and_why() -> 
     assert_no_leaks(before, grace=15)
 
 
+class _SlowOnce(_HangsOnce):
+    """Index 9 takes 5 s the first time (a marker file says so), then answers at once."""
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        if i == 9 and not self.marker.exists():
+            self.marker.write_text("slow once")
+            time.sleep(5)
+        return torch.tensor([i])
+
+
+@pytest.mark.timeout(90)
+def test_a_timeout_behind_an_earlier_epochs_batch_names_it(tmp_path: Path) -> None:
+    # persistent workers: epoch 1 times out on a slow batch the worker goes on making; the
+    # next epoch's first batch waits behind it, and its timeout named nothing at all
+    loader = conveyor.DataLoader(_SlowOnce(tmp_path / "slow"), batch_size=2, timeout=2, persistent_workers=True,
+                                 **KINDS["process"])
+    with loader:
+        with pytest.raises(RuntimeError, match="timed out"):
+            list(loader)
+        with pytest.raises(RuntimeError, match=r"earlier epoch \(indices \[8, 9\]\)"):
+            list(loader)
+        time.sleep(1.5)  # the slow batch is done by now
+        assert [b.flatten().tolist() for b in loader] == [[2 * k, 2 * k + 1] for k in range(6)]
+
+
 class _LoadsInside(tud.Dataset):
     """Each sample iterates a loader of its own, with process workers."""
 

@@ -2215,6 +2215,18 @@ class _Run(Generic[T]):
         self.ex.kill(worker, cause, stack)  # the next poll reports its death; its tasks are re-issued
         return True
 
+    def _held_over(self, worker: int | None = None) -> str:
+        """A worker (``worker``, or any) still busy with a batch of an earlier epoch, which
+        the awaited batch waits behind (persistent workers, after a timeout or a break)."""
+        ledger = getattr(self.ex, "ledger", None)
+        for w, held in enumerate(ledger.held if ledger is not None else ()):
+            old = [t for t in held.values() if t.seq < self.first_seq]
+            if old and worker in (None, w):
+                idx = "the next batch" if old[0].indices is None else f"indices {old[0].indices}"
+                return (f"worker {w} is still making a batch of an earlier epoch ({idx}), and must finish it "
+                        "first")
+        return ""
+
     def _awaited(self) -> tuple[int, str] | None:
         """The worker holding the batch the consumer waits for, and that batch in words."""
         seq = self.reorder.next if self.loader.in_order else min(self.inflight, default=None)
@@ -2228,7 +2240,9 @@ class _Run(Generic[T]):
     def _timeout_error(self) -> RuntimeError:
         awaited = self._awaited()
         if awaited is None:
-            return RuntimeError(f"DataLoader timed out after {self.loader.timeout} seconds")
+            behind = self._held_over()
+            where = f" waiting for batch {self.reorder.next - self.first_seq} of this epoch: {behind}" if behind else ""
+            return RuntimeError(f"DataLoader timed out after {self.loader.timeout} seconds{where}")
         worker, batch = awaited
         stack = None
         if hasattr(self.ex, "stack"):
@@ -2236,6 +2250,9 @@ class _Run(Generic[T]):
         if hasattr(self.ex, "hung"):
             self.ex.hung.add(worker)  # closing need not wait for it to finish its batch
         msg = f"DataLoader timed out after {self.loader.timeout} seconds waiting for {batch} from worker {worker}"
+        behind = self._held_over(worker)
+        if behind:
+            msg += f" ({behind})"
         if stack:
             msg += f"; its Python stack right now:\n{stack}"
         return RuntimeError(msg)
