@@ -134,6 +134,58 @@ def test_sharded_iterable_splits_by_rank_and_worker(kw: dict[str, Any]) -> None:
     assert sorted(seen[0] + seen[1]) == list(range(50))
 
 
+@pytest.mark.timeout(60)
+def test_ranks_with_other_worker_counts_still_cover_the_stream_once() -> None:
+    # a rank's share followed its own worker count (stride world x workers, offset rank x
+    # workers + worker): rank 0 without workers and rank 1 with two saw items 2, 6, 10, 14
+    # twice and 1, 5, 9, 13 never ("auto" on machines with other core counts does this)
+    seen: list[int] = []
+    for rank, kw in enumerate([{"num_workers": 0}, {"num_workers": 2, "worker_type": "thread"}]):
+        with DataLoader(ShardedIterable(range(16), rank=rank, world_size=2), batch_size=None, **kw) as loader:
+            seen += [int(x) for x in loader]
+    assert sorted(seen) == list(range(16))
+
+
+def test_a_sharded_iterable_refuses_a_source_that_runs_out() -> None:
+    for one_pass in ((x for x in range(4)), iter([1, 2]), map(int, "12")):
+        with pytest.raises(TypeError, match="afresh each epoch"):
+            ShardedIterable(one_pass, rank=0, world_size=1)
+
+
+class EnvStream(torch.utils.data.IterableDataset):
+    """Shards by whatever rank the worker process can find (no rank given)."""
+
+    def __iter__(self) -> Any:
+        return shard_iterable(range(12))
+
+
+@pytest.mark.timeout(120)
+def test_spawned_workers_shard_by_the_main_processs_rank(monkeypatch: pytest.MonkeyPatch) -> None:
+    # a spawned worker has no process group, and torch.multiprocessing.spawn sets no RANK:
+    # each rank read the whole stream. The main process's rank now reaches its workers.
+    import conveyor.loader
+
+    monkeypatch.delenv("RANK", raising=False)
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    monkeypatch.setattr(conveyor.loader, "rank_and_world", lambda: (1, 2))  # as an initialised group says
+    with DataLoader(EnvStream(), batch_size=None, num_workers=2, multiprocessing_context="spawn") as loader:
+        got = sorted(int(x) for x in loader)
+    assert got == [1, 3, 5, 7, 9, 11]
+
+
+def test_a_streams_state_names_its_world_and_refuses_another() -> None:
+    first = DataLoader(ShardedIterable(range(12), rank=0, world_size=2), batch_size=2)
+    it = iter(first)
+    next(it)
+    state = json.loads(json.dumps(first.state_dict()))
+    assert state["rank_world"] == [0, 2]
+    with pytest.raises(ValueError, match="rank 0 of 2.*rank 0 of 3"):
+        DataLoader(ShardedIterable(range(12), rank=0, world_size=3), batch_size=2).load_state_dict(state)
+    again = DataLoader(ShardedIterable(range(12), rank=0, world_size=2), batch_size=2)
+    again.load_state_dict(state)
+    assert [b.tolist() for b in again] == [[4, 6], [8, 10]]
+
+
 class TorchStream(torch.utils.data.IterableDataset):
     def __init__(self, rank: int) -> None:
         self.rank = rank

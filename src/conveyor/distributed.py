@@ -4,16 +4,19 @@
 
     stream: a0 a1 a2 a3 a4 a5 a6 a7 ...
     rank 0 / worker 0 takes a0 a4 ...      stride = world_size * num_workers
-    rank 0 / worker 1 takes a1 a5 ...      offset = rank * num_workers + worker_id
-    rank 1 / worker 0 takes a2 a6 ...
+    rank 1 / worker 0 takes a1 a5 ...      offset = rank + world_size * worker_id
+    rank 0 / worker 1 takes a2 a6 ...
     rank 1 / worker 1 takes a3 a7 ...
 
 Map-style datasets shard with :class:`conveyor.DistributedSampler`; streams
 cannot be indexed, so each (rank, worker) pair reads the whole stream and
-keeps every ``stride``-th item. Rank and world size come from
-``torch.distributed`` when it is initialised, else from the ``RANK`` and
-``WORLD_SIZE`` environment variables (set by ``torchrun``), else ``0`` and
-``1``. The worker comes from :func:`conveyor.get_worker_info` (or torch's).
+keeps every ``stride``-th item. A rank's share is every ``world_size``-th item
+whatever its worker count (its workers split that share), so ranks may run
+different worker counts ("auto" on machines of other sizes). Rank and world
+size come from ``torch.distributed`` when it is initialised, else from the
+``RANK`` and ``WORLD_SIZE`` environment variables (set by ``torchrun``), else,
+in a loader's process worker, from its main process, else ``0`` and ``1``.
+The worker comes from :func:`conveyor.get_worker_info` (or torch's).
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TypeVar
 
 from .datasets import IterableDataset
+from .executors import worker as _worker
 from .executors.worker import get_worker_info
 
 __all__ = ["ShardedIterable", "rank_and_world", "shard_iterable", "worker_and_count"]
@@ -42,6 +46,8 @@ def rank_and_world() -> tuple[int, int]:
     if dist is not None and dist.is_available() and dist.is_initialized():
         return int(dist.get_rank()), int(dist.get_world_size())
     rank, world = os.environ.get("RANK"), os.environ.get("WORLD_SIZE")
+    if not rank and not world and _worker.main_rank_world is not None:
+        return _worker.main_rank_world  # a spawned worker: its main process's
     return (int(rank) if rank else 0), (int(world) if world else 1)
 
 
@@ -81,8 +87,8 @@ def shard_iterable(iterable: Iterable[T], *, rank: int | None = None, world_size
     world_size = own_world if world_size is None else world_size
     _check(rank, world_size)
     worker, workers = worker_and_count()
-    stride = world_size * workers
-    return itertools.islice(iter(iterable), rank * workers + worker, None, stride)
+    # a rank's share does not depend on its worker count: ranks may run different counts
+    return itertools.islice(iter(iterable), rank + world_size * worker, None, world_size * workers)
 
 
 class ShardedIterable(IterableDataset[T]):
@@ -104,6 +110,11 @@ class ShardedIterable(IterableDataset[T]):
         rank: int | None = None,
         world_size: int | None = None,
     ) -> None:
+        if isinstance(source, Iterator) and type(source).__module__ in ("builtins", "itertools"):
+            # a generator, or a built-in iterator (map, zip, iter(list)): one pass, then nothing
+            raise TypeError("ShardedIterable needs a source it can iterate afresh each epoch (a list, a "
+                            "range, a dataset), or a function returning one: a generator or iterator is "
+                            "used up by the first epoch, and shared by the workers")
         own_rank, own_world = rank_and_world()
         self.source = source
         self.rank = own_rank if rank is None else int(rank)

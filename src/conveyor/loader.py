@@ -33,6 +33,7 @@ import numpy as np
 
 from . import _torch, replay, rng
 from .collate import default_collate, default_convert, numpy_collate
+from .distributed import rank_and_world
 from .errors import Failure, capture, rebuild
 from .executors import inherit
 from .executors.inline import InlineExecutor
@@ -551,6 +552,15 @@ class DataLoader(Generic[T]):
             return self._device_stage.wrap(run, exclusive=persistent)
         return run
 
+    def _stream_rank_world(self) -> tuple[int, int]:
+        """The (rank, world size) a stream is sharded by: a ShardedIterable's own, else this
+        process's (what ``shard_iterable`` inside ``__iter__`` reads)."""
+        from .distributed import ShardedIterable
+
+        if isinstance(self.dataset, ShardedIterable):
+            return self.dataset.rank, self.dataset.world_size
+        return rank_and_world()
+
     def _check_replicas(self, resume: dict[str, Any]) -> None:
         """A stream resumed mid-epoch must be read by as many replicas as it was saved from.
 
@@ -623,6 +633,7 @@ class DataLoader(Generic[T]):
             gather=gather,
             output=self.output,
             default_collate=self._default_collate,
+            rank_world=rank_and_world() if self._iterable else None,
         )
 
     @property
@@ -701,6 +712,8 @@ class DataLoader(Generic[T]):
         state: dict[str, Any] = {"version": STATE_VERSION, "dataset_len": self._dataset_len(), "seed": self.seed,
                                  "batch_size": None if self.batch_size is None else int(self.batch_size),
                                  "drop_last": bool(self.drop_last)}
+        if self._iterable:
+            state["rank_world"] = list(self._stream_rank_world())
         gen = self.generator
         gstate = None
         if where is None:  # nothing iterated yet: the next epoch starts afresh
@@ -793,6 +806,13 @@ class DataLoader(Generic[T]):
                              f"but this loader's dataset has length {n}")
         if state.get("seed") != self.seed:
             raise ValueError(f"this state was saved with seed={state.get('seed')}, this loader has seed={self.seed}")
+        if int(state.get("batches") or 0) > 0 and self._iterable and "rank_world" in state:
+            saved, now = tuple(state["rank_world"]), self._stream_rank_world()
+            if saved != now:
+                raise ValueError(f"this state was saved mid-epoch by rank {saved[0]} of {saved[1]}, and this loader "
+                                 f"is rank {now[0]} of {now[1]}: a stream's share of each rank follows the world "
+                                 "size, so the batches already handed out cannot be found again. Resume with "
+                                 "the saved world size, or from a state saved at an epoch's end")
         if int(state.get("batches") or 0) > 0:  # a position counted in batches: they must be the same batches
             for key in ("batch_size", "drop_last"):
                 if key in state and state[key] != getattr(self, key):

@@ -51,6 +51,7 @@ class WorkerInfo:
 
 _process_info: WorkerInfo | None = None
 _thread_info = threading.local()
+main_rank_world: tuple[int, int] | None = None  # a process worker's main process's (rank, world size)
 
 
 def get_worker_info() -> WorkerInfo | None:
@@ -223,6 +224,9 @@ class WorkerSpec:
     default_collate: bool = False
     # RNG states a worker takes over from batches the main process made in its name
     rng_states: dict[int, Any] | None = None
+    # the main process's (rank, world size): a spawned worker has no process group, and a
+    # launcher need not set RANK/WORLD_SIZE (torch.multiprocessing.spawn), yet shards by them
+    rank_world: tuple[int, int] | None = None
 
 
 # held while a sample is seeded and fetched, and while the main process saves or restores its
@@ -583,9 +587,11 @@ def torch_for(spec: WorkerSpec) -> Any:
 
 def start_worker(spec: WorkerSpec, worker_id: int, *, kind: str) -> Fetcher:
     """Seed, publish worker info, run ``worker_init_fn``; the worker's fetcher."""
+    global main_rank_world
     thread = kind == "thread"
     seed = rng.worker_seed(spec.base_seed, worker_id)
     if not thread:
+        main_rank_world = spec.rank_world
         rng.seed_worker(spec.base_seed, worker_id)
         if spec.rng_states and worker_id in spec.rng_states:
             spec.rng_states[worker_id].restore()
