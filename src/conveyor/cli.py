@@ -190,21 +190,31 @@ def _fastest(make: Callable[[], Any], repeats: int, epochs: int, make_step: Call
     """The fastest of ``repeats`` runs, each with a fresh loader from ``make``: (that run, its
     loader, closed, every run's seconds). One run on a shared machine can be slowed by
     anything else running; the fastest is the loader's own speed."""
-    best: tuple[dict[str, float], Any] | None = None
-    seconds = []
-    for _ in range(repeats):
-        loader = make()
-        try:
-            out = _train(loader, epochs, make_step())
-        finally:
-            close = getattr(loader, "close", None)
-            if callable(close):
-                close()
-        seconds.append(out["seconds"])
-        if best is None or out["seconds"] < best[0]["seconds"]:
-            best = (out, loader)
-    assert best is not None
+    best, seconds = _fastest_each([make], repeats, epochs, make_step)[0]
     return best[0], best[1], seconds
+
+
+def _fastest_each(makes: Sequence[Callable[[], Any]], repeats: int, epochs: int, make_step: Callable[[], Any]
+                  ) -> list[tuple[tuple[dict[str, float], Any], list[float]]]:
+    """``_fastest`` for several settings at once, their runs taken in turn (round after
+    round, not one setting's runs in a block): a minute of other work on a shared machine
+    slows a run of each setting alike instead of every run of one (a sequential sweep once
+    put conveyor's num_workers=0 at 3.55 s and num_workers=2, the same path, at 0.11 s)."""
+    best: list[tuple[dict[str, float], Any] | None] = [None] * len(makes)
+    seconds: list[list[float]] = [[] for _ in makes]
+    for _ in range(repeats):
+        for k, make in enumerate(makes):
+            loader = make()
+            try:
+                out = _train(loader, epochs, make_step())
+            finally:
+                close = getattr(loader, "close", None)
+                if callable(close):
+                    close()
+            seconds[k].append(out["seconds"])
+            if best[k] is None or out["seconds"] < best[k][0]["seconds"]:  # type: ignore[index]
+                best[k] = (out, loader)
+    return [(b, s) for b, s in zip(best, seconds)]  # type: ignore[misc]
 
 
 def _sweep(ds: Diabetes, workers: list[int], epochs: int, output: str, make_step: Callable[[], Any],
@@ -216,22 +226,24 @@ def _sweep(ds: Diabetes, workers: list[int], epochs: int, output: str, make_step
     def runs(seconds: list[float]) -> str:
         return " (runs " + ", ".join(f"{s:.2f}" for s in seconds) + ")" if len(seconds) > 1 else ""
 
+    settings: list[tuple[str, int, Callable[[], Any]]] = []
     for n in workers:
         if has_torch:
             torch = _torch.get()
             assert torch is not None
-            out, _, seconds = _fastest(
-                lambda n=n: torch.utils.data.DataLoader(ds, batch_size=BATCH, shuffle=True, num_workers=n),
-                repeats, epochs, make_step)
-            rows.append(_row("torch", n, out))
-            print(f"  torch     num_workers={n}: {rows[-1]['seconds']:.2f} s{runs(seconds)}", flush=True)
-        out, cl, seconds = _fastest(
-            lambda n=n: DataLoader(ds, batch_size=BATCH, shuffle=True, num_workers=n, output=output),
-            repeats, epochs, make_step)
-        rows.append(_row("conveyor", n, out))
-        loaders[n] = cl
-        write_trace(cl, out_dir / f"trace-conveyor-w{n}.json")
-        print(f"  conveyor  num_workers={n}: {rows[-1]['seconds']:.2f} s{runs(seconds)}", flush=True)
+            settings.append(("torch", n, lambda n=n: torch.utils.data.DataLoader(
+                ds, batch_size=BATCH, shuffle=True, num_workers=n)))
+        settings.append(("conveyor", n, lambda n=n: DataLoader(ds, batch_size=BATCH, shuffle=True, num_workers=n,
+                                                               output=output)))
+    if repeats > 1:
+        print(f"  {len(settings)} settings, {repeats} runs each, taken in turn ...", flush=True)
+    results = _fastest_each([make for _, _, make in settings], repeats, epochs, make_step)
+    for (name, n, _), ((out, loader), seconds) in zip(settings, results):
+        rows.append(_row(name, n, out))
+        if name == "conveyor":
+            loaders[n] = loader
+            write_trace(loader, out_dir / f"trace-conveyor-w{n}.json")
+        print(f"  {name:<9} num_workers={n}: {rows[-1]['seconds']:.2f} s{runs(seconds)}", flush=True)
 
 
 # -- conveyor demo ----------------------------------------------------------------
