@@ -47,7 +47,9 @@ class Recycler:
         self.min_bytes = min_bytes
         self.keep = keep
         self.free: list[bytearray] = []  # idle buffers, oldest first
-        self.returned: collections.deque[bytearray] = collections.deque()  # filled by finalizers
+        # filled by finalizers, at most ``keep`` (the oldest go): trimmed only where batches are
+        # made, a loader left alive after the user dropped 300 batches of 2 MB held 617 MB
+        self.returned: collections.deque[bytearray] = collections.deque(maxlen=keep)
         self.lock = threading.Lock()  # thread workers of one process share it
         # seconds spent faulting in new buffers: a one-time cost that says nothing of how
         # fast batches are made once memory is reused (the adaptive probe leaves it out)
