@@ -529,3 +529,27 @@ def test_a_close_cut_short_by_ctrl_c_is_finished_by_the_next(monkeypatch: pytest
     loader.close()
     assert wait_until(lambda: not children(), 10), f"workers left: {children()}"
     assert gc.get_freeze_count() == 0
+
+
+def test_running_out_of_file_descriptors_says_what_holds_them(monkeypatch: pytest.MonkeyPatch) -> None:
+    # each held batch from a process worker maps a segment, and Python's mmap keeps a
+    # descriptor per mapping: past the limit the error was a bare 'Too many open files'
+    import errno
+    import mmap
+
+    from conveyor.transport import segment
+
+    seg = segment.Segment.create(f"conveyor_{os.getpid()}_fdtest", 4096)
+    try:
+        def no_more(*args: Any, **kw: Any) -> Any:
+            raise OSError(errno.EMFILE, "Too many open files")
+
+        monkeypatch.setattr(mmap, "mmap", no_more)
+        with pytest.raises(OSError) as info:
+            segment.Segment.attach(seg.name)
+        assert info.value.errno == errno.EMFILE
+        assert any("ulimit -n" in note and "held" in note for note in info.value.__notes__)
+    finally:
+        monkeypatch.undo()
+        seg.unlink()
+        seg.close()

@@ -12,6 +12,7 @@ process group killed at once) goes when the next process starts workers
 
 from __future__ import annotations
 
+import errno
 import mmap
 import os
 import secrets
@@ -178,12 +179,19 @@ class Segment:
     def attach(cls, name: str) -> Segment:
         if _posixshmem is None:
             raise OSError("POSIX shared memory is not available on this platform")
-        fd = _posixshmem.shm_open("/" + name, os.O_RDWR, mode=0o600)
         try:
-            size = os.fstat(fd).st_size
-            mm = mmap.mmap(fd, size)
-        finally:
-            os.close(fd)
+            fd = _posixshmem.shm_open("/" + name, os.O_RDWR, mode=0o600)
+            try:
+                size = os.fstat(fd).st_size
+                mm = mmap.mmap(fd, size)
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            if exc.errno == errno.EMFILE:
+                exc.add_note("Each batch from a process worker that is still held maps a shared-memory "
+                             "segment, and each mapping keeps a file descriptor: hold fewer batches (copy "
+                             "those you keep with .clone()), or raise the limit (ulimit -n).")
+            raise
         return cls(name, size, mm)
 
     def prefault(self) -> None:
