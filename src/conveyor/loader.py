@@ -33,7 +33,7 @@ import numpy as np
 
 from . import _torch, replay, rng
 from .collate import default_collate, default_convert, numpy_collate
-from .distributed import rank_and_world
+from .distributed import ShardedIterable, rank_and_world
 from .errors import Failure, capture, rebuild
 from .executors import inherit
 from .executors.inline import InlineExecutor
@@ -559,8 +559,6 @@ class DataLoader(Generic[T]):
     def _stream_rank_world(self) -> tuple[int, int]:
         """The (rank, world size) a stream is sharded by: a ShardedIterable's own, else this
         process's (what ``shard_iterable`` inside ``__iter__`` reads)."""
-        from .distributed import ShardedIterable
-
         if isinstance(self.dataset, ShardedIterable):
             return self.dataset.rank, self.dataset.world_size
         return rank_and_world()
@@ -810,19 +808,20 @@ class DataLoader(Generic[T]):
                              f"but this loader's dataset has length {n}")
         if state.get("seed") != self.seed:
             raise ValueError(f"this state was saved with seed={state.get('seed')}, this loader has seed={self.seed}")
-        if int(state.get("batches") or 0) > 0 and self._iterable and "rank_world" in state:
-            saved, now = tuple(state["rank_world"]), self._stream_rank_world()
-            if saved != now:
-                raise ValueError(f"this state was saved mid-epoch by rank {saved[0]} of {saved[1]}, and this loader "
-                                 f"is rank {now[0]} of {now[1]}: a stream's share of each rank follows the world "
-                                 "size, so the batches already handed out cannot be found again. Resume with "
-                                 "the saved world size, or from a state saved at an epoch's end")
         if int(state.get("batches") or 0) > 0:  # a position counted in batches: they must be the same batches
             for key in ("batch_size", "drop_last"):
                 if key in state and state[key] != getattr(self, key):
                     raise ValueError(f"this state was saved mid-epoch with {key}={state[key]!r}, this loader has "
                                      f"{key}={getattr(self, key)!r}: its {state['batches']} batches handed out would "
                                      f"be other samples")
+            saved = tuple(state["rank_world"]) if self._iterable and "rank_world" in state else None
+            now = self._stream_rank_world() if saved is not None else None
+            if saved is not None and saved != now:
+                assert now is not None
+                raise ValueError(f"this state was saved mid-epoch by rank {saved[0]} of {saved[1]}, and this loader "
+                                 f"is rank {now[0]} of {now[1]}: a stream's share of each rank follows the world "
+                                 "size, so the batches already handed out cannot be found again. Resume with "
+                                 "the saved world size, or from a state saved at an epoch's end")
         sampler_state = state.get("sampler")
         replayed = state.get("replayed") if self._replays() else None
         if replayed is not None and not (isinstance(replayed, dict) and isinstance(replayed.get("rngs"), dict)):
@@ -2258,9 +2257,8 @@ class _Run(Generic[T]):
         for w, held in enumerate(ledger.held if ledger is not None else ()):
             old = [t for t in held.values() if t.seq < self.first_seq]
             if old and worker in (None, w):
-                idx = "the next batch" if old[0].indices is None else f"indices {old[0].indices}"
-                return (f"worker {w} is still making a batch of an earlier epoch ({idx}), and must finish it "
-                        "first")
+                return (f"worker {w} is still making a batch of an earlier epoch ({_indices_words(old[0])}), and "
+                        "must finish it first")
         return ""
 
     def _awaited(self) -> tuple[int, str] | None:
@@ -2270,8 +2268,7 @@ class _Run(Generic[T]):
         if seq is None or where is None:
             return None
         worker, task = where
-        idx = "the next batch" if task.indices is None else f"indices {task.indices}"
-        return worker, f"batch {seq - self.first_seq} of this epoch ({idx})"
+        return worker, f"batch {seq - self.first_seq} of this epoch ({_indices_words(task)})"
 
     def _timeout_error(self) -> RuntimeError:
         awaited = self._awaited()
@@ -2358,6 +2355,11 @@ class _Run(Generic[T]):
                 self.pool.close()
         except Exception:
             pass
+
+
+def _indices_words(task: Task) -> str:
+    """A task's samples in words, for messages: its indices, or a stream's next batch."""
+    return "the next batch" if task.indices is None else f"indices {task.indices}"
 
 
 def _batch_size(loader: DataLoader[Any], r: Result) -> int:
