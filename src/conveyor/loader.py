@@ -2334,6 +2334,11 @@ class _Run(Generic[T]):
         self.finished = True
         if self.loader._last_run is self:
             self.loader._ended = self.where()
+        self._release_buffered()
+
+    def _release_buffered(self) -> None:
+        """Give the slots of batches made but never handed out back to their workers (results
+        still in flight are released as they arrive: ``_absorb``)."""
         for r in list(self.reorder.buffer.values()):
             if r.worker >= 0:
                 self.ex.release(r)
@@ -2353,6 +2358,10 @@ class _Run(Generic[T]):
                     self.loader._ended = self.where()  # dropped mid-epoch: resume from here
             if self.owns_pool and not self.pool.dead:
                 self.pool.close()
+            elif not self.finished and not self.pool.dead:
+                # dropped mid-epoch (a ``break``) on persistent workers: the batches it was
+                # sent would hold their slots until close(), 5-10 MB more a break
+                self._release_buffered()
         except Exception:
             pass
 
