@@ -1,6 +1,7 @@
 """Encoding a batch tree for the trip from a worker to the main process.
 
-Array leaves (numpy arrays and CPU torch tensors with a numpy dtype) become
+Array leaves (numpy arrays and CPU torch tensors; a dtype numpy lacks, such as
+bfloat16 or float8, travels as its bytes) become
 :data:`Leaf` records: either a place in a shared-memory slot (large leaves;
 zero-copy when collate already wrote them there) or the array itself, inline in
 the message's blob (small leaves, where a copy is cheaper than a mapping).
@@ -14,6 +15,7 @@ of a class of ours costs a class lookup on each side and a ``__reduce__`` call
 
 from __future__ import annotations
 
+import math
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -26,6 +28,7 @@ from .slots import Views, Writer
 __all__ = ["Leaf", "Packed", "encode", "decode", "INLINE_BYTES"]
 
 INLINE_BYTES = 1 << 15  # leaves smaller than this travel inline in the message
+_TORCH = "t"  # a record's dtype "t<name>": a torch dtype numpy lacks (numpy's begin <, >, | or =)
 
 # One array leaf: (is a torch tensor, numpy dtype string, shape, slot id, offset), at
 # ``offset`` in slot ``slot`` or in the message's blob (``slot == -1``).
@@ -48,7 +51,9 @@ class Packed(NamedTuple):
     blob: bytearray | None = None  # the small leaves, back to back
 
 
-def _as_numpy(obj: Any) -> tuple[np.ndarray, bool] | None:
+def _as_numpy(obj: Any) -> tuple[np.ndarray, bool | str] | None:
+    """``obj``'s memory as a numpy array and what it was: False (an array), True (a tensor),
+    or the record's dtype of a tensor whose dtype numpy lacks, sent as its bytes."""
     if type(obj) is np.ndarray:
         if obj.dtype.hasobject or obj.dtype.kind in "UVSMm":
             return None
@@ -68,7 +73,16 @@ def _as_numpy(obj: Any) -> tuple[np.ndarray, bool] | None:
         try:
             return obj.numpy(), True
         except (TypeError, RuntimeError):  # bfloat16 and other dtypes numpy lacks
+            pass
+        if obj.layout != torch.strided or obj.is_nested:
             return None
+        # its bytes, as uint8 (pickle, the way left, copies bfloat16 through the pipe and
+        # cannot rebuild float8 or complex32 at all); the record names the torch dtype
+        try:
+            raw = obj.contiguous().reshape(-1).view(torch.uint8).numpy()
+        except (TypeError, RuntimeError):
+            return None
+        return raw, _TORCH + str(obj.dtype).removeprefix("torch.")
     return None
 
 
@@ -87,7 +101,7 @@ def encode(batch: Any, writer: Writer | None) -> tuple[Any, tuple[int, ...], tup
         got = _as_numpy(obj)
         if got is None:
             return obj
-        arr, is_tensor = got
+        arr, kind = got
         nbytes = arr.nbytes
         holes.append(pos)
         where = _in_slot(arr, nbytes, writer) if writer is not None and nbytes >= INLINE_BYTES else None
@@ -95,7 +109,10 @@ def encode(batch: Any, writer: Writer | None) -> tuple[Any, tuple[int, ...], tup
             small.append(arr)
             where = (-1, size)
             size = (size + nbytes + 15) & ~15
-        records.append((is_tensor, _dtype_str(arr.dtype), arr.shape, where[0], where[1]))
+        if kind.__class__ is str:  # a dtype numpy lacks: its bytes, the tensor's shape
+            records.append((True, kind, tuple(obj.shape), where[0], where[1]))
+        else:
+            records.append((kind, _dtype_str(arr.dtype), arr.shape, where[0], where[1]))
         return None
 
     tree = tree_map(leaf, batch)
@@ -175,6 +192,8 @@ def decode(packed: Packed, views: Views, *, output: str) -> Any:
     def array(rec: Leaf) -> Any:
         is_tensor, dtype, shape, slot, offset = rec
         buf = roots[slot]
+        if dtype[0] == _TORCH:
+            return _torch_bytes(buf, dtype, shape, offset)
         if torch is not None and is_tensor:
             if len(shape) == 1 and shape[0]:
                 tdtype = torch_dtypes.get(dtype)
@@ -199,6 +218,17 @@ def decode(packed: Packed, views: Views, *, output: str) -> Any:
         return obj
 
     return tree_map(leaf, packed.tree)
+
+
+def _torch_bytes(buf: Any, dtype: str, shape: tuple[int, ...], offset: int) -> Any:
+    """A tensor of a dtype numpy lacks (``"t" + its torch name``) over its bytes in ``buf``."""
+    torch = _torch.get()
+    tdtype = getattr(torch, dtype[1:])
+    n = math.prod(shape)
+    if not n:
+        return torch.empty(shape, dtype=tdtype)
+    raw = torch.frombuffer(buf, dtype=torch.uint8, count=n * tdtype.itemsize, offset=offset)
+    return raw.view(tdtype).view(shape)
 
 
 _np_dtypes: dict[str, np.dtype] = {}
