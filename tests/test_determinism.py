@@ -170,6 +170,35 @@ def test_other_generator_seeds_give_other_streams() -> None:
     assert _values(a[0]) != _values(b[0])
 
 
+def _draws(loader: DataLoader[Any]) -> dict[int, list[int]]:
+    return {r[0]: r[1:] for r in _values(epochs(loader, 1)[0])}
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("cfg", [None, CONFIGS[1]], ids=["main", "workers"])
+def test_a_loader_made_again_over_the_same_generator_draws_new_augmentations(cfg: Any) -> None:
+    # a trainer that rebuilds its loader every epoch hands it the same generator, which the
+    # last one advanced: torch's workers then draw other seeds from it. Seeding every sample
+    # by the generator's initial seed alone gave each sample its first epoch's draws again.
+    g = torch.Generator().manual_seed(5)
+    first, again = _draws(make(Noisy(), cfg, generator=g)), _draws(make(Noisy(), cfg, generator=g))
+    assert first.keys() == again.keys()
+    assert all(first[i] != again[i] for i in first)
+    # still a function of the generator: the same sequence of loaders gives the same draws,
+    # with or without workers
+    h = torch.Generator().manual_seed(5)
+    assert _draws(make(Noisy(), None, generator=h)) == first
+    assert _draws(make(Noisy(), None, generator=h)) == again
+
+
+def test_a_generator_set_after_the_loader_is_made_seeds_its_samples() -> None:
+    loader = make(Noisy(), None, generator=torch.Generator().manual_seed(1))
+    loader.generator = torch.Generator().manual_seed(2)
+    assert _draws(loader) == _draws(make(Noisy(), None, generator=torch.Generator().manual_seed(2)))
+    loader.generator = None  # torch then draws from the global RNG, as the loader does now
+    assert loader.seed is None
+
+
 def test_sample_draws_do_not_depend_on_its_batch() -> None:
     """The draws of sample i are the same whatever batch (or position) it lands in."""
     a = epochs(DataLoader(Noisy(), batch_size=4, seed=9), 1)

@@ -17,6 +17,7 @@ import array
 import base64
 import collections
 import dataclasses
+import hashlib
 import itertools
 import math
 import operator
@@ -352,8 +353,9 @@ class DataLoader(Generic[T]):
                 raise ValueError("batch_size=None option disables auto-batching and is mutually "
                                  "exclusive with drop_last")
 
-        if seed is None and _torch.is_generator(generator):
-            seed = int(generator.initial_seed())
+        self._seed_of_generator = seed is None and _torch.is_generator(generator)
+        if self._seed_of_generator:
+            seed = _generator_seed(generator)
         self.seed = seed
         self._own_sampler = sampler is None and not iterable
         if sampler is None:
@@ -402,6 +404,13 @@ class DataLoader(Generic[T]):
                 raise ValueError(f"{attr} attribute should not be set after {type(self).__name__} is initialized")
             if attr == "multiprocessing_context":  # checked and made a context, as torch's setter does
                 val = _check_start_method(val, self.num_workers)
+            if attr == "generator" and self._seed_of_generator:
+                # torch draws the workers' seeds from whatever generator the loader has then
+                if _torch.is_generator(val):
+                    super().__setattr__("seed", _generator_seed(val))
+                else:
+                    super().__setattr__("seed", None)
+                    super().__setattr__("_seed_of_generator", False)
             if not attr.startswith("_"):
                 self.__dict__["_inline"] = None  # the next epoch's pool sees the new setting
                 self.__dict__["_workers_paid"][0] = False  # and probes again
@@ -2364,6 +2373,23 @@ class _Run(Generic[T]):
                 self._release_buffered()
         except Exception:
             pass
+
+
+def _generator_seed(generator: Any) -> int:
+    """The seed of every sample's RNG that a torch generator gives: its initial seed while
+    it is as ``manual_seed`` left it, else a hash of its state. A loader made anew over the
+    same generator once it has drawn (a loader a trainer rebuilds every epoch) so gets other
+    augmentations, as torch's workers get other seeds from it."""
+    seed = int(generator.initial_seed())
+    torch = _torch.get()
+    if torch is None or generator.device.type != "cpu":
+        return seed
+    state = generator.get_state()
+    fresh = torch.Generator()
+    fresh.manual_seed(seed)
+    if torch.equal(fresh.get_state(), state):
+        return seed
+    return int.from_bytes(hashlib.blake2b(state.numpy().tobytes(), digest_size=8).digest(), "little") >> 1
 
 
 def _indices_words(task: Task) -> str:
