@@ -472,6 +472,74 @@ def test_spawn_without_main_guard(tmp_path: Path, script_env: dict[str, str]) ->
     proc = run_script(tmp_path / "no_guard.py", NO_GUARD, script_env, 75, cwd=tmp_path)
     assert proc.returncode != 0
     assert "__main__" in proc.stderr, proc.stderr[-3000:]
+    # the worker's own RuntimeError is about the guard: no note about pickling beside it
+    assert "must be picklable" not in proc.stderr, proc.stderr[-3000:]
+
+
+CLASS_UNDER_GUARD = textwrap.dedent("""
+    import sys
+    import conveyor
+
+    if __name__ == "__main__":
+        class Rows:
+            def __len__(self):
+                return 8
+            def __getitem__(self, i):
+                return i
+
+        loader = conveyor.DataLoader(Rows(), batch_size=2, num_workers=1, multiprocessing_context="spawn",
+                                     adaptive=False)
+        try:
+            list(loader)
+        except RuntimeError as e:
+            print(e)
+""")
+
+
+@pytest.mark.timeout(90)
+def test_a_dataset_class_under_the_main_guard_is_named_when_spawned_workers_cannot_find_it(
+        tmp_path: Path, script_env: dict[str, str]) -> None:
+    # the hint said to put the code under the guard, which it already was; the worker's
+    # AttributeError (Can't get attribute 'Rows' on <module '__mp_main__'>) went to stderr only
+    proc = run_script(tmp_path / "guarded.py", CLASS_UNDER_GUARD, script_env, 75, cwd=tmp_path)
+    assert "The dataset's class Rows is defined under `if __name__" in proc.stdout, proc.stdout + proc.stderr[-3000:]
+    proc = subprocess.run([sys.executable, "-"], input=CLASS_UNDER_GUARD, capture_output=True, text=True,
+                          env=script_env, cwd=tmp_path, timeout=75)
+    assert "has no file to import (a script read from stdin" in proc.stdout, proc.stdout + proc.stderr[-3000:]
+
+
+RESOURCE_TRACKER = textwrap.dedent("""
+    import os, threading
+    from multiprocessing import resource_tracker
+    import conveyor
+
+    class Locked:
+        def __init__(self):
+            self.lock = threading.Lock()
+        def __len__(self):
+            return 8
+        def __getitem__(self, i):
+            return i
+
+    if __name__ == "__main__":
+        try:
+            list(conveyor.DataLoader(Locked(), batch_size=2, num_workers=2, multiprocessing_context="spawn",
+                                     adaptive=False))
+        except TypeError:
+            pass
+        pid = resource_tracker._resource_tracker._pid
+        print("tracker", "alive" if pid is not None and os.waitpid(pid, os.WNOHANG) == (0, 0) else pid)
+""")
+
+
+@pytest.mark.timeout(90)
+def test_a_failed_spawn_leaves_multiprocessings_resource_tracker_alone(
+        tmp_path: Path, script_env: dict[str, str]) -> None:
+    # the first spawn starts the tracker before it pickles the worker's arguments; the
+    # cleanup of a failed start killed every new child, the tracker too, and the next spawn
+    # warned "resource_tracker: process died unexpectedly"
+    proc = run_script(tmp_path / "tracker.py", RESOURCE_TRACKER, script_env, 75, cwd=tmp_path)
+    assert "tracker alive" in proc.stdout, proc.stdout + proc.stderr[-3000:]
 
 
 TORCH_HALF_IMPORTED = textwrap.dedent("""

@@ -45,6 +45,86 @@ _GUARD_HINT = (
 )
 
 
+def _mp_servers() -> set[int]:
+    """multiprocessing's own helper processes (the resource tracker a first spawn starts, the
+    fork server): children of ours, but everyone's, never to be stopped with a worker."""
+    from multiprocessing import forkserver, resource_tracker
+
+    pids = {getattr(resource_tracker._resource_tracker, "_pid", None),
+            getattr(forkserver._forkserver, "_forkserver_pid", None)}
+    return {p for p in pids if p is not None}
+
+
+def _startup_hint(spec: WorkerSpec, method: str) -> str:
+    """Why a worker that re-imports the main module (spawn, forkserver) died before its hello:
+    what the main module shows, else the usual causes. The worker printed its own error."""
+    main = sys.modules.get("__main__")
+    path = getattr(main, "__file__", None)
+    if not path or not os.path.exists(path):
+        return (f"With the '{method}' start method every worker re-imports your main module, and "
+                "this one has no file to import (a script read from stdin, or an interactive "
+                "session): define the dataset, collate_fn and worker_init_fn in a module of their "
+                "own and import them, or use multiprocessing_context='fork'. The worker's own "
+                "error is printed above.")
+    guarded = _under_main_guard(path)
+    hidden = []
+    for what, obj in (("dataset", spec.dataset), ("collate_fn", spec.collate_fn),
+                      ("worker_init_fn", spec.worker_init_fn)):
+        itself = isinstance(obj, type) or callable(obj) and hasattr(obj, "__qualname__")
+        defined = obj if itself else type(obj)
+        name = getattr(defined, "__qualname__", "").split(".")[0]
+        if getattr(defined, "__module__", None) == "__main__" and name in guarded:
+            hidden.append(f"the {what} {name}" if itself else f"the {what}'s class {name}")
+    if hidden:
+        said = " and ".join(hidden)
+        return (f"{said[0].upper()}{said[1:]} {'is' if len(hidden) == 1 else 'are'} defined under `if __name__ == \"__main__\":`. "
+                f"A worker started with '{method}' re-imports your main module without running that "
+                "block, so it cannot find it: define it at module level, above the guard. The "
+                "worker's own error is printed above.")
+    return _GUARD_HINT.format(method=method) + " The worker's own error is printed above."
+
+
+def _under_main_guard(path: str) -> set[str]:
+    """Names a script defines only under ``if __name__ == "__main__":`` (classes, functions,
+    assignments, imports), which a re-import of it as ``__mp_main__`` does not run."""
+    import ast
+
+    try:
+        with open(path, "rb") as f:
+            tree = ast.parse(f.read())
+    except (OSError, SyntaxError, ValueError):
+        return set()
+
+    def is_guard(test: ast.expr) -> bool:
+        if not (isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(test.ops[0], ast.Eq)):
+            return False
+        sides = [test.left, test.comparators[0]]
+        return (any(isinstance(x, ast.Name) and x.id == "__name__" for x in sides)
+                and any(isinstance(x, ast.Constant) and x.value == "__main__" for x in sides))
+
+    names: set[str] = set()
+
+    def collect(body: list[ast.stmt]) -> None:
+        for node in body:
+            if isinstance(node, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+                names.add(node.name)
+            elif isinstance(node, (ast.Import, ast.ImportFrom)):
+                names.update((a.asname or a.name).split(".")[0] for a in node.names)
+            elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+                for target in node.targets if isinstance(node, ast.Assign) else [node.target]:
+                    names.update(n.id for n in ast.walk(target) if isinstance(n, ast.Name))
+            else:  # blocks inside the guard: if, for, while, with, try
+                for field in ("body", "orelse", "finalbody"):
+                    collect(getattr(node, field, []))
+                for handler in getattr(node, "handlers", []):
+                    collect(handler.body)
+
+    for node in tree.body:
+        if isinstance(node, ast.If) and is_guard(node.test):
+            collect(node.body)
+    return names
+
+
 class _Worker:
     __slots__ = ("proc", "tasks", "results", "gen", "pid", "ready", "inbox", "bell")
 
@@ -159,7 +239,7 @@ class ProcessExecutor:
             if started:
                 proc.kill()
                 proc.join(2.0)
-            for pid in _my_children() - before:
+            for pid in _my_children() - before - _mp_servers():
                 try:
                     os.kill(pid, signal.SIGKILL)
                     os.waitpid(pid, 0)
@@ -174,7 +254,10 @@ class ProcessExecutor:
                 exc.add_note("This loader runs inside a worker process of another loader (its dataset "
                              "iterates a loader of its own), and worker processes cannot start processes: "
                              "give the inner loader worker_type='thread', or num_workers=0.")
-            elif isinstance(exc, Exception) and not started and self.method != "fork":
+            elif (isinstance(exc, Exception) and not started and self.method != "fork"
+                  and not getattr(mp.current_process(), "_inheriting", False)):
+                # (a worker re-importing a main module with no guard lands here too: its
+                # RuntimeError says so, the pickling note would mislead)
                 exc.add_note(f"Starting worker {w} with the '{self.method}' start method pickles the "
                              "dataset, collate_fn and worker_init_fn: each must be picklable "
                              "(defined at module level, not a lambda or a local function).")
@@ -306,7 +389,7 @@ class ProcessExecutor:
 
     def _startup_error(self, w: int, wk: _Worker) -> StartupError:
         code = wk.proc.exitcode
-        hint = "" if self.method == "fork" else " " + _GUARD_HINT.format(method=self.method)
+        hint = "" if self.method == "fork" else " " + _startup_hint(self.spec, self.method)
         return StartupError(f"worker {w} (pid {wk.proc.pid}) exited during start-up with exit code {code}.{hint}")
 
     def _note(self, w: int, wk: _Worker, msg: Result) -> None:
