@@ -322,6 +322,14 @@ def test_iterable_threads_sharded_with_either_info(shard: str) -> None:
     assert tud.get_worker_info() is None  # outside a worker, torch's own answer
 
 
+@pytest.mark.timeout(30)
+def test_conveyors_worker_info_answers_inside_torchs_own_workers() -> None:
+    # a stream sharded with conveyor.get_worker_info, loaded by torch's DataLoader: it heard
+    # None in torch's workers, and each of them read the whole stream (every sample twice)
+    want = list(tud.DataLoader(Stream(11, "torch"), batch_size=2, num_workers=2))
+    same_epochs(list(tud.DataLoader(Stream(11, "conveyor"), batch_size=2, num_workers=2)), want)
+
+
 class WhoFetches(tud.Dataset):
     """The id of the worker fetching each index, as conveyor's and torch's info tell it."""
 

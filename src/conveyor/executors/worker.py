@@ -63,7 +63,14 @@ def get_worker_info() -> WorkerInfo | None:
     >>> start = 0 if info is None else info.id
     """
     info = getattr(_thread_info, "info", None)
-    return info if info is not None else _process_info
+    if info is not None:
+        return info
+    if _process_info is not None:
+        return _process_info
+    # inside a worker of torch's own DataLoader (a dataset written with conveyor's names,
+    # loaded by torch): torch's answer, or each of its workers would read the whole stream
+    tworker = sys.modules.get("torch.utils.data._utils.worker")
+    return getattr(tworker, "_worker_info", None) if tworker is not None else None
 
 
 def _set_info(info: WorkerInfo | None, *, thread: bool) -> None:
