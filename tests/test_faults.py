@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 import traceback
 import warnings
@@ -247,6 +248,43 @@ def test_hung_worker_times_out_with_its_stack() -> None:
     assert "sleep" in msg or "__getitem__" in msg, msg
     del loader, info
     assert_no_leaks(before, grace=15)
+
+
+class _HangsUntil(tud.Dataset):
+    """Index 5 waits for ``release`` (a sample whose read never returns, until the test ends)."""
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+
+    def __len__(self) -> int:
+        return 12
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        if i == 5:
+            self.release.wait(60)
+        return torch.tensor([i])
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("fetch_threads", [1, 2])
+def test_a_seeded_thread_worker_given_up_on_does_not_hold_up_other_seeded_loaders(fetch_threads: int) -> None:
+    # seeding holds the process's lock on the global RNGs while the sample runs: the stuck
+    # thread held it for good, and every seeded loader after it hung (even made after close)
+    stuck = _HangsUntil()
+    try:
+        loader = conveyor.DataLoader(stuck, batch_size=2, num_workers=1, worker_type="thread", seed=0, timeout=1,
+                                     fetch_threads=fetch_threads, adaptive=False)
+        with pytest.raises(RuntimeError, match="timed out"):
+            drain(loader)
+        got: list[Any] = []
+        later = threading.Thread(target=lambda: got.extend(conveyor.DataLoader(Squares(), batch_size=2, seed=1)),
+                                 daemon=True)
+        later.start()
+        later.join(20)
+        assert not later.is_alive(), "a seeded loader in the main process waited for the stuck sample"
+        assert len(got) == 12  # 23 samples in twos
+    finally:
+        stuck.release.set()
 
 
 class _HangsOnce(tud.Dataset):

@@ -2289,7 +2289,9 @@ class _Run(Generic[T]):
         stack = None
         if hasattr(self.ex, "stack"):
             stack = self.ex.stack(worker)
-        if hasattr(self.ex, "hung"):
+        if hasattr(self.ex, "give_up"):
+            self.ex.give_up(worker)
+        elif hasattr(self.ex, "hung"):
             self.ex.hung.add(worker)  # closing need not wait for it to finish its batch
         msg = f"DataLoader timed out after {self.loader.timeout} seconds waiting for {batch} from worker {worker}"
         behind = self._held_over(worker)

@@ -15,7 +15,7 @@ from typing import Any
 from ..errors import Failure, capture
 from .base import Event, Ledger
 from .task import Result, Task
-from .worker import WorkerSpec, _set_info, start_worker, torch_for
+from .worker import WorkerSpec, _set_info, rng_lock, start_worker, torch_for
 
 __all__ = ["ThreadExecutor"]
 
@@ -45,6 +45,7 @@ class ThreadExecutor:
         self._suspect: dict[int, tuple[float, frozenset[int]]] = {}  # worker -> (since, seqs) (see _bury)
         self.init_failures: dict[int, Failure] = {}  # worker -> why it could not start (it has ended)
         self.hung: set[int] = set()  # workers a timeout found stuck: close() does not wait for them
+        self.fetchers: dict[int, Any] = {}  # worker -> its Fetcher (close() looks for stuck fetch threads)
         self.closed = False
         self.pid = os.getpid()
         self.fetch_threads = spec.fetch_threads
@@ -79,6 +80,7 @@ class ThreadExecutor:
         # it the finalizer that stops this thread.
         try:
             fetcher = start_worker(self.spec, worker, kind="thread")
+            self.fetchers[worker] = fetcher
         except Exception as exc:
             # every task of this worker fails with this, answered by the executor (see
             # submit): the thread ends rather than hold the exception
@@ -200,3 +202,21 @@ class ThreadExecutor:
             # a thread cannot be killed: one a timeout found stuck (a read that never returns)
             # would only hold closing up, ~5 s after the timeout error (it ends with its batch)
             t.join(0.0 if w in self.hung else max(0.0, deadline - time.monotonic()))
+        stuck = [w for w, t in enumerate(self.threads) if t.is_alive()]
+        if stuck:
+            rng_lock.abandon(self._idents(stuck))
+
+    def give_up(self, worker: int) -> None:
+        """A timeout found ``worker`` stuck: closing will not wait for it, and a seeded sample
+        it is stuck in no longer holds every other seeded loader of the process up."""
+        self.hung.add(worker)
+        rng_lock.abandon(self._idents([worker]))
+
+    def _idents(self, workers: list[int]) -> set[int]:
+        """The threads of these workers: each one's own and its fetch threads'."""
+        idents = {self.threads[w].ident for w in workers} - {None}
+        for w in workers:
+            pool = getattr(self.fetchers.get(w), "pool", None)
+            if pool is not None:
+                idents |= {t.ident for t in pool.threads} - {None}
+        return idents

@@ -236,9 +236,51 @@ class WorkerSpec:
     rank_world: tuple[int, int] | None = None
 
 
-# held while a sample is seeded and fetched, and while the main process saves or restores its
-# RNGs, wherever threads of one process share the global RNGs (thread workers, fetch threads)
-rng_lock = threading.Lock()
+class RngLock:
+    """The process's lock on its global RNGs, held while a sample is seeded and fetched and
+    while the main process saves or restores them, wherever threads of one process share
+    them (thread workers, fetch threads).
+
+    A thread cannot be stopped: one stuck in a sample (a read that never returns) would hold
+    the lock, and every seeded loader of the process after it would hang. A loader that gives
+    such threads up hands the lock on (``abandon``): its later users take a fresh one, and
+    the stuck thread, should it ever return, releases the one it took."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._owner: int | None = None
+        self._took = threading.local()  # the lock this thread holds
+
+    def __enter__(self) -> None:
+        while True:
+            lock = self._lock
+            if lock.acquire(timeout=0.5):
+                if lock is self._lock:
+                    break
+                lock.release()  # handed on while this thread waited: take the new one
+        self._took.lock = lock
+        self._owner = threading.get_ident()
+
+    def __exit__(self, *exc: object) -> None:
+        lock = self._took.lock
+        if lock is self._lock:
+            self._owner = None
+        lock.release()
+
+    def abandon(self, idents: set[int]) -> None:
+        """Hand the lock on if one of these (stuck, given up) threads holds it."""
+        if self._owner is not None and self._owner in idents:
+            self._lock, self._owner = threading.Lock(), None
+
+    def _after_fork(self) -> None:
+        # a child forked while another thread held the lock would wait for it forever
+        self._lock, self._owner = threading.Lock(), None
+        self._took = threading.local()
+
+
+rng_lock = RngLock()
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=rng_lock._after_fork)
 WORKER_NICE = int(os.environ.get("CONVEYOR_WORKER_NICE", "5"))
 # MB of freed heap a process worker keeps instead of handing it back to the kernel (0: glibc's
 # own heuristics). See ``steady_malloc``.
