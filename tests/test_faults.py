@@ -467,6 +467,46 @@ def test_skip_over_budget(kind: str, budget: int | float) -> None:
     assert isinstance(first, ValueError) and "bad sample 13" in str(first), repr(first)
 
 
+class _Heavy(ValueError):
+    """A failure holding what its sample held (a decoded image, say): 1 MB."""
+
+    def __init__(self, msg: str) -> None:
+        super().__init__(msg)
+        self.held = bytearray(1 << 20)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("kind", sorted(KINDS))
+def test_skipped_failures_are_counted_without_keeping_their_exceptions(kind: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # each skipped failure kept its pickled (or live) exception in stats for the loader's
+    # life: 20 failures holding 20 MB each kept 400 MB; plain ones grew without end
+    from conveyor import stats
+
+    monkeypatch.setattr(stats, "FAILURES_KEPT", 30)
+    loader = conveyor.DataLoader(Failing(200, set(range(0, 200, 4)), exc=_Heavy), batch_size=8, on_error="skip",
+                                 max_failures=1.0, **KINDS[kind])
+    for _ in range(2):
+        assert sum(len(b) for b in drain(loader)) == 150
+    snap = loader.stats()
+    assert snap["failure_count"] == 100 and len(snap["failures"]) == 30
+    assert all(f.payload is None and f.original is None for f in loader._stats.failures)
+    assert "100 sample(s) failed" in loader.report()
+
+
+@pytest.mark.timeout(60)
+def test_too_many_failures_counts_the_epoch_it_stops() -> None:
+    # it said "4 of 28 samples failed so far (ValueError x10)": this epoch's count beside
+    # every epoch's kinds, and an earlier epoch's failure chained
+    ds = Failing(20, {1, 2, 3})
+    loader = conveyor.DataLoader(ds, batch_size=4, on_error="skip", max_failures=3)
+    for _ in range(2):
+        drain(loader)
+    ds.bad = {5, 6, 7, 8}
+    with pytest.raises(conveyor.TooManyFailures, match=r"4 of \d+ samples failed so far this epoch \(ValueError x4\)") as info:
+        drain(loader)
+    assert "bad sample 5" in str(info.value.__cause__)
+
+
 # --------------------------------------------------------------------------- start-up problems
 
 

@@ -1704,6 +1704,8 @@ class _Run(Generic[T]):
         self.recovery = Recovery(loader.max_worker_restarts, can_reissue=not loader._iterable)
         self.samples_seen = 0
         self.failed = 0
+        self.first_failure: Failure | None = None  # this epoch's, chained by TooManyFailures
+        self.failure_kinds: dict[str, int] = {}  # this epoch's failures by exception type
         self.pin = loader._slot_pinner
         self.to_numpy = loader.output == "numpy" and not loader._default_collate
         # the main process makes every batch by the quick path and nothing else needs doing
@@ -2118,21 +2120,23 @@ class _Run(Generic[T]):
         self.stats.skipped(failures)
         self.failed += samples if failed is None else failed
         self.samples_seen += samples
+        if failures and self.first_failure is None:
+            self.first_failure = failures[0]
+        for f in failures:
+            kind = f.type_name.rsplit(".", 1)[-1]
+            self.failure_kinds[kind] = self.failure_kinds.get(kind, 0) + 1
         limit = self.loader.max_failures
         seen = max(1, self.samples_seen)
         # a fraction allows that share of the samples seen so far, rounded up: one bad sample
         # early on is not yet a rate
         over = self.failed > (limit if isinstance(limit, int) else math.ceil(limit * seen - 1e-9))
         if over:
-            first = self.stats.failures[0] if self.stats.failures else failures[0]
-            kinds: dict[str, int] = {}
-            for f in self.stats.failures:
-                kinds[f.type_name.rsplit(".", 1)[-1]] = kinds.get(f.type_name.rsplit(".", 1)[-1], 0) + 1
-            summary = ", ".join(f"{k} x{v}" for k, v in sorted(kinds.items(), key=lambda kv: -kv[1]))
+            first = self.first_failure or failures[0]
+            summary = ", ".join(f"{k} x{v}" for k, v in sorted(self.failure_kinds.items(), key=lambda kv: -kv[1]))
             err = TooManyFailures(
-                f"{self.failed} of {seen} samples failed so far ({summary}), more than "
-                f"max_failures={limit!r} allows under on_error='skip'. The first failure is chained below.",
-                list(self.stats.failures))
+                f"{self.failed} of {seen} samples failed so far this epoch ({summary}), more than "
+                f"max_failures={limit!r} allows under on_error='skip'. The epoch's first failure is chained "
+                "below.", list(self.stats.failures))
             raise err from rebuild(first)
 
     # -- dispatch -----------------------------------------------------------

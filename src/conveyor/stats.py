@@ -22,11 +22,13 @@ import json
 import math
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Iterator
 
 from .errors import Failure
+
+FAILURES_KEPT = 1000  # failure records stats() lists (failure_count counts every one)
 
 __all__ = ["Stats", "WorkerTimes", "trace_events", "write_trace"]
 
@@ -113,7 +115,10 @@ class Stats:
     step_s: float = 0.0  # consumer time between batches (training)
     first_batch_s: float | None = None
     workers: dict[int, WorkerTimes] = field(default_factory=dict)
+    # skipped failures, their records without the exception object (the first FAILURES_KEPT;
+    # a loader skipping bad samples for weeks must not keep each one): failure_count counts all
     failures: list[Failure] = field(default_factory=list)
+    failure_count: int = 0
     deaths: list[str] = field(default_factory=list)
     restarts: int = 0
     started: float = field(default_factory=time.perf_counter)
@@ -252,7 +257,12 @@ class Stats:
         self.epochs += 1
 
     def skipped(self, failures: tuple[Failure, ...] | list[Failure]) -> None:
-        self.failures.extend(failures)
+        self.failure_count += len(failures)
+        room = FAILURES_KEPT - len(self.failures)
+        if room > 0:
+            # the text tells what went wrong; the pickled or live exception (its locals, a
+            # 20 MB array it holds) is not kept
+            self.failures.extend(replace(f, payload=None, original=None) for f in failures[:room])
 
     def snapshot(self) -> dict[str, Any]:
         """Plain numbers (JSON-able): what ``loader.stats()`` returns, before the loader's settings."""
@@ -296,6 +306,7 @@ class Stats:
                  "worker": f.worker_id, "error": f.summary()}
                 for f in self.failures
             ],
+            "failure_count": self.failure_count,
             "deaths": list(self.deaths),
             "restarts": self.restarts,
         }
