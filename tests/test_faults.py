@@ -467,6 +467,35 @@ def test_skip_over_budget(kind: str, budget: int | float) -> None:
     assert isinstance(first, ValueError) and "bad sample 13" in str(first), repr(first)
 
 
+def _collate_bug(batch: list[torch.Tensor]) -> torch.Tensor:
+    if any(int(b[0]) == 9 for b in batch):
+        raise TypeError("bug in my collate_fn")
+    return torch.stack(batch)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("kind", sorted(KINDS))
+def test_skip_does_not_skip_a_collate_fn_bug(kind: str) -> None:
+    # a collate_fn that raises is not a bad sample: its batch vanished, counted as 4 failed
+    # samples "while fetching", and max_failures=10 hid the bug for good
+    loader = conveyor.DataLoader(Failing(20, set()), batch_size=4, collate_fn=_collate_bug, on_error="skip",
+                                 max_failures=10, **KINDS[kind])
+    with pytest.raises(TypeError, match="bug in my collate_fn") as info:
+        drain(loader)
+    assert "while collating indices [8, 9, 10, 11]" in " ".join(getattr(info.value, "__notes__", []))
+    assert loader.stats()["failure_count"] == 0
+
+
+@pytest.mark.timeout(60)
+def test_skip_does_not_skip_a_system_exit_in_a_thread_worker() -> None:
+    # thread workers caught it as a failed batch: under skip its good samples went with it
+    loader = conveyor.DataLoader(Failing(20, {9}, exc=SystemExit), batch_size=4, on_error="skip",
+                                 max_failures=10, **KINDS["thread"])
+    with pytest.raises(SystemExit):
+        drain(loader)
+    assert loader.stats()["failure_count"] == 0
+
+
 class _Heavy(ValueError):
     """A failure holding what its sample held (a decoded image, say): 1 MB."""
 

@@ -156,7 +156,8 @@ class DataLoader(Generic[T]):
     * ``on_error`` / ``max_failures``: ``"skip"`` leaves bad samples out of their batch, up
       to a count, or a fraction of the samples seen so far (rounded up: one bad sample in
       the first batch is not yet a rate); 1% unless given, so that a pipeline whose
-      samples all fail still stops, with the first failure's traceback;
+      samples all fail still stops, with the first failure's traceback (an error in
+      ``collate_fn`` is raised: it is no bad sample);
     * ``max_worker_restarts``: dead process workers are replaced, their batches re-issued;
     * ``restart_hung``: with ``timeout``, a process worker stuck on a batch longer than
       that is killed and replaced (counted against ``max_worker_restarts``) instead of
@@ -2091,7 +2092,9 @@ class _Run(Generic[T]):
             return None
         loader = self.loader
         if r.failure is not None:
-            if loader.on_error == "skip" and r.failure.where == "fetching":
+            original = r.failure.original  # a thread worker's SystemExit, KeyboardInterrupt: raised
+            if (loader.on_error == "skip" and r.failure.where == "fetching"
+                    and (original is None or isinstance(original, Exception))):
                 self._count_failures([r.failure], samples=len(r.failure.indices or []) or 1)
                 if not self.replicas_done:
                     self._handed(r.seq)  # skipped whole: its position is done with

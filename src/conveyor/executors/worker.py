@@ -589,7 +589,11 @@ class Fetcher:
                 return Result(task.seq, self._wid(), empty=True, skipped=tuple(skipped),
                               start=start, fetched=fetched, end=fetched)
             if not done and spec.collate_fn is not None:
-                data = self._collate(spec.collate_fn, data)
+                try:
+                    data = self._collate(spec.collate_fn, data)
+                except Exception as exc:  # not a bad sample: on_error="skip" does not skip it
+                    return Result(task.seq, self._wid(), start=start, end=time.perf_counter(),
+                                  failure=capture(exc, self.worker_id, task.indices, "collating", keep=self.keep))
             end = time.perf_counter()
             cpu = None if cpu0 is None else self.cpu_clock() - cpu0
             span = None
