@@ -227,6 +227,31 @@ def test_sigkill_without_restarts_raises_worker_died() -> None:
     assert re.search(r"\[\d+, \d+\]", msg), msg
 
 
+class _KilledOnceAtStart:
+    """A worker_init_fn whose worker 1 is SIGKILLed (the OOM killer, say) once, while starting."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __call__(self, worker_id: int) -> None:
+        if worker_id == 1 and not self.marker.exists():
+            self.marker.write_text("killed once")
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("restarts", [3, 0])
+def test_a_worker_killed_while_starting_is_replaced_like_any_other(tmp_path: Path, restarts: int) -> None:
+    # it raised "exited during start-up with exit code -9" whatever max_worker_restarts allowed
+    loader = conveyor.DataLoader(_Slow(16), batch_size=2, max_worker_restarts=restarts,
+                                 worker_init_fn=_KilledOnceAtStart(tmp_path / "marker"), **KINDS["process"])
+    if restarts:
+        assert [x for b in drain(loader) for x in b.flatten().tolist()] == list(range(16))
+    else:
+        with pytest.raises(conveyor.WorkerDied, match="SIGKILL"):
+            drain(loader)
+
+
 class _Hangs(tud.Dataset):
     def __len__(self) -> int:
         return 12

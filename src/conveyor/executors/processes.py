@@ -370,7 +370,11 @@ class ProcessExecutor:
             wk.proc.join(0.5)
             if wk.proc.exitcode is None and wk.proc.is_alive():
                 continue  # pipe closed but still running: wait for the sentinel
-            if not wk.ready:
+            code = wk.proc.exitcode
+            if not wk.ready and w not in self.kill_causes and (code is None or code >= 0):
+                # it failed to start (an import, an unpicklable dataset): another would too.
+                # One killed by a signal (the OOM killer, this loader's restart_hung) is a death
+                # like any other, replaced within max_worker_restarts
                 raise self._startup_error(w, wk)
             cause, stack = self.kill_causes.pop(w, (None, None))
             events.append(Death(w, wk.pid, wk.proc.exitcode, tuple(self.ledger.held[w].values()), cause, stack))
