@@ -697,3 +697,13 @@ def test_a_trip_is_timed_for_every_kind_of_leaf() -> None:
         assert 0 < took < float("inf")
     # a batch that cannot make the trip (here: a lambda does not pickle) is not timed, and not an error
     assert conveyor.loader._trip_s({"x": torch.ones(2), "f": lambda: 0}, "torch") == 0.0
+
+
+@pytest.mark.parametrize("num_workers", [2, "auto"])
+def test_main_process_batches_keep_a_bounded_record_of_their_rates(num_workers: int | str) -> None:
+    # each batch made in the main process appended its bytes per second, for good: a list
+    # growing by a float a batch over a run of millions
+    with DataLoader(np.arange(600, dtype=np.float32), batch_size=None, num_workers=num_workers) as loader:
+        assert sum(1 for _ in loader) == 600
+        assert loader._last_pool is not None and loader._last_pool.mode == "inline"
+        assert len(loader._last_pool.inline_rates) <= 16

@@ -1490,11 +1490,18 @@ class _Pool:
             del costs[0]
         if not self.adaptive:
             return result
+        if (self.mode == "inline" and cost <= SLOW_S and self.inline_batches % 16 and self.tuner is not None
+                and self.tuner.pinned and self.auto is not None and self.auto["num_workers"]):
+            # "auto" settled here: only a slow batch, or every 16th, is looked at (walking each
+            # batch for its size cost ~2 us of a 12 us batch_size=None batch)
+            return result
         # A batch made at memory speed (gathering arrays already in memory) gains nothing from
         # a worker, which would copy it once more into shared memory: keep such batches here.
         rate = _nbytes(result.batch) / cost if cost > 0 else 0.0
         rates = self.inline_rates
         rates.append(rate)
+        if len(rates) > 16:
+            del rates[0]
         # page faults of new memory and preemption only ever slow a batch down: the faster of
         # the last two says best what a batch costs once memory is reused
         copying = self.copying = len(rates) >= 2 and max(rates[-2:]) > INLINE_RATE
