@@ -197,16 +197,21 @@ def test_closing_stuck_thread_workers_waits_once_for_all(monkeypatch: pytest.Mon
     waited: list[float] = []
 
     class Stuck:
+        ident = None
+
         def join(self, timeout: float | None = None) -> None:
             waited.append(timeout or 0.0)
             now[0] += timeout or 0.0
+
+        def is_alive(self) -> bool:
+            return True
 
     monkeypatch.setattr(threads_mod.time, "monotonic", lambda: now[0])
     def close(hung: set[int]) -> list[float]:
         waited.clear()
         ex = threads_mod.ThreadExecutor.__new__(threads_mod.ThreadExecutor)
         ex.closed, ex.pid, ex.queues, ex.threads = False, os.getpid(), [], [Stuck() for _ in range(4)]
-        ex.hung = hung
+        ex.hung, ex.fetchers = hung, {}
         ex.close(timeout=5.0)
         return list(waited)
 
