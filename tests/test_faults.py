@@ -252,6 +252,43 @@ def test_a_worker_killed_while_starting_is_replaced_like_any_other(tmp_path: Pat
             drain(loader)
 
 
+class _KilledOnceThenInitHangs:
+    """Worker 0 dies at index 7 once (a marker file says so); its replacement's
+    worker_init_fn then hangs."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __len__(self) -> int:
+        return 32
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        if i == 7 and not self.marker.exists():
+            self.marker.write_text("killed")
+            os.kill(os.getpid(), signal.SIGKILL)
+        return torch.tensor([i])
+
+
+def _hang_once_replaced(marker: Path, worker_id: int) -> None:
+    if marker.exists():
+        time.sleep(60)
+
+
+@pytest.mark.timeout(60)
+def test_a_replacement_that_does_not_start_is_given_up_on_after_timeout(tmp_path: Path) -> None:
+    # it was waited for 60 s whatever timeout said
+    import functools
+
+    marker = tmp_path / "marker"
+    before = Snapshot.take()
+    loader = conveyor.DataLoader(_KilledOnceThenInitHangs(marker), batch_size=4, timeout=2, max_worker_restarts=3,
+                                 worker_init_fn=functools.partial(_hang_once_replaced, marker), **KINDS["process"])
+    with pytest.raises(RuntimeError, match="did not start within 2 s"):
+        drain(loader)
+    del loader
+    assert_no_leaks(before, grace=15)
+
+
 class _Hangs(tud.Dataset):
     def __len__(self) -> int:
         return 12

@@ -2253,7 +2253,8 @@ class _Run(Generic[T]):
             self.close()
             raise err
         self.stats.restarts += 1
-        tasks = self.ex.restart(death.worker)
+        # a replacement that does not start is waited for as a batch is: timeout, when set
+        tasks = self.ex.restart(death.worker, self.loader.timeout or 60.0)
         tasks = [t for t in tasks if t.seq in self.inflight]
         if tasks:
             for t in tasks:

@@ -28,7 +28,7 @@ class Executor(Protocol):
 
     def alive(self, worker: int) -> bool: ...
 
-    def restart(self, worker: int) -> list[Task]:
+    def restart(self, worker: int, wait_s: float = 60.0) -> list[Task]:
         """Replace a dead worker; returns its unfinished tasks for re-issue."""
 
     def release(self, result: Result) -> None:

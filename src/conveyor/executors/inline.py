@@ -54,7 +54,7 @@ class InlineExecutor:
     def alive(self, worker: int) -> bool:
         return True
 
-    def restart(self, worker: int) -> list[Task]:
+    def restart(self, worker: int, wait_s: float = 60.0) -> list[Task]:
         return []
 
     def release(self, result: Result) -> None:

@@ -449,7 +449,7 @@ class ProcessExecutor:
         wk = self.workers[worker]
         return None if wk is None else wk.pid
 
-    def restart(self, worker: int) -> list[Task]:
+    def restart(self, worker: int, wait_s: float = 60.0) -> list[Task]:
         """Replace a dead worker (new generation); its unfinished tasks are returned."""
         old = self.workers[worker]
         if self.closed:
@@ -475,12 +475,14 @@ class ProcessExecutor:
         self.workers[worker] = wk
         self._watch(worker, wk)
         # wait for its hello so start-up failures surface here
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + wait_s
         while not wk.ready:
             left = deadline - time.monotonic()
             ready = wait([wk.results, wk.proc.sentinel], left) if left > 0 else []
             if not ready:
-                raise StartupError(f"replacement for worker {worker} did not start")
+                wk.proc.kill()  # close() reaps it
+                raise StartupError(f"replacement for worker {worker} did not start within {wait_s:g} s "
+                                   "(its worker_init_fn, or an import, may hang)")
             try:
                 msgs = wk.inbox.take() if wk.results in ready else []
             except OSError:

@@ -182,7 +182,7 @@ class ThreadExecutor:
     def alive(self, worker: int) -> bool:
         return self.threads[worker].is_alive()
 
-    def restart(self, worker: int) -> list[Task]:
+    def restart(self, worker: int, wait_s: float = 60.0) -> list[Task]:
         return []
 
     def release(self, result: Result) -> None:
