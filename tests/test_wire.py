@@ -236,6 +236,31 @@ def test_dtypes_numpy_lacks_come_from_workers_as_they_were_made(batch_size: int 
                 assert _bytes_of(got) == _bytes_of(want), (name, k)
 
 
+class Layouts(torch.utils.data.Dataset):  # type: ignore[type-arg]
+    """Samples laid out other than in C order: small and large (a slot), 4-d and 2-d."""
+
+    def __len__(self) -> int:
+        return 4
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        g = torch.Generator().manual_seed(i)
+        return {"cl": torch.rand(2, 3, 4, 5, generator=g).contiguous(memory_format=torch.channels_last),
+                "cl_big": torch.rand(4, 3, 32, 32, generator=g).contiguous(memory_format=torch.channels_last),
+                "t": torch.rand(3, 4, generator=g).t(), "t_big": torch.rand(100, 200, generator=g).t()}
+
+
+@pytest.mark.timeout(60)
+def test_unbatched_tensors_from_workers_keep_their_memory_layout() -> None:
+    # batch_size=None: torch's workers pickle a sample tensor as it is, strides and all; they
+    # came back in C order (channels_last lost)
+    inline = list(conveyor.DataLoader(Layouts(), batch_size=None))
+    with conveyor.DataLoader(Layouts(), batch_size=None, num_workers=2, adaptive=False) as loader:
+        from_workers = list(loader)
+    for a, b in zip(inline, from_workers):
+        for k in a:
+            assert torch.equal(a[k], b[k]) and b[k].stride() == a[k].stride(), (k, a[k].stride(), b[k].stride())
+
+
 @pytest.mark.timeout(60)
 def test_unbatched_scalar_labels_from_workers_keep_their_values() -> None:
     """batch_size=None over labels: each batch is one 0-d integer tensor, as torch gives it."""

@@ -31,8 +31,9 @@ INLINE_BYTES = 1 << 15  # leaves smaller than this travel inline in the message
 _TORCH = "t"  # a record's dtype "t<name>": a torch dtype numpy lacks (numpy's begin <, >, | or =)
 
 # One array leaf: (is a torch tensor, numpy dtype string, shape, slot id, offset), at
-# ``offset`` in slot ``slot`` or in the message's blob (``slot == -1``).
-Leaf = tuple[bool, str, tuple[int, ...], int, int]
+# ``offset`` in slot ``slot`` or in the message's blob (``slot == -1``). A tensor sent in its
+# own memory order has, for "is a torch tensor", the permutation that ordered it.
+Leaf = tuple[bool | tuple[int, ...], str, tuple[int, ...], int, int]
 
 
 class Packed(NamedTuple):
@@ -102,6 +103,13 @@ def encode(batch: Any, writer: Writer | None) -> tuple[Any, tuple[int, ...], tup
         if got is None:
             return obj
         arr, kind = got
+        if kind is True and arr.ndim > 1 and not arr.flags.c_contiguous:
+            # a channels_last or transposed tensor (batch_size=None): its memory in its own
+            # order, and the permutation that gives it back its strides, as torch's pickle does
+            perm = tuple(sorted(range(arr.ndim), key=lambda d: -arr.strides[d]))
+            inner = arr.transpose(perm)
+            if inner.flags.c_contiguous:
+                arr, kind = inner, perm
         nbytes = arr.nbytes
         holes.append(pos)
         where = _in_slot(arr, nbytes, writer) if writer is not None and nbytes >= INLINE_BYTES else None
@@ -192,6 +200,10 @@ def decode(packed: Packed, views: Views, *, output: str) -> Any:
     def array(rec: Leaf) -> Any:
         is_tensor, dtype, shape, slot, offset = rec
         buf = roots[slot]
+        if is_tensor.__class__ is tuple:  # kept in its own memory order (see encode)
+            inv = tuple(int(d) for d in np.argsort(is_tensor))
+            got = array((True, dtype, shape, slot, offset))
+            return got.permute(inv) if torch is not None else got.transpose(inv)
         if dtype[0] == _TORCH:
             return _torch_bytes(buf, dtype, shape, offset)
         if torch is not None and is_tensor:
