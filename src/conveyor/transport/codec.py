@@ -106,7 +106,8 @@ def encode(batch: Any, writer: Writer | None) -> tuple[Any, tuple[int, ...], tup
         if kind is True and arr.ndim > 1 and not arr.flags.c_contiguous:
             # a channels_last or transposed tensor (batch_size=None): its memory in its own
             # order, and the permutation that gives it back its strides, as torch's pickle does
-            perm = tuple(sorted(range(arr.ndim), key=lambda d: -arr.strides[d]))
+            strides = arr.strides
+            perm = tuple(sorted(range(arr.ndim), key=lambda d: -strides[d]))
             inner = arr.transpose(perm)
             if inner.flags.c_contiguous:
                 arr, kind = inner, perm
@@ -201,9 +202,9 @@ def decode(packed: Packed, views: Views, *, output: str) -> Any:
         is_tensor, dtype, shape, slot, offset = rec
         buf = roots[slot]
         if is_tensor.__class__ is tuple:  # kept in its own memory order (see encode)
-            inv = tuple(int(d) for d in np.argsort(is_tensor))
-            got = array((True, dtype, shape, slot, offset))
-            return got.permute(inv) if torch is not None else got.transpose(inv)
+            # (not a call of array(): a closure calling itself is a cycle, and it would keep
+            # ``roots``, so every slot of the batch, until the cyclic collector ran)
+            return _reordered(buf, dtype, shape, offset, is_tensor, torch)
         if dtype[0] == _TORCH:
             return _torch_bytes(buf, dtype, shape, offset)
         if torch is not None and is_tensor:
@@ -230,6 +231,13 @@ def decode(packed: Packed, views: Views, *, output: str) -> Any:
         return obj
 
     return tree_map(leaf, packed.tree)
+
+
+def _reordered(buf: Any, dtype: str, shape: tuple[int, ...], offset: int, perm: tuple[int, ...], torch: Any) -> Any:
+    """A tensor sent in its own memory order (``shape`` permuted by ``perm``), its strides back."""
+    inv = tuple(int(d) for d in np.argsort(perm))
+    arr = np.ndarray(shape, _np_dtype(dtype), buffer=buf, offset=offset)
+    return torch.from_numpy(arr).permute(inv) if torch is not None else arr.transpose(inv)
 
 
 def _torch_bytes(buf: Any, dtype: str, shape: tuple[int, ...], offset: int) -> Any:
