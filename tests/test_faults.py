@@ -558,6 +558,37 @@ def test_skip_does_not_skip_a_system_exit_in_a_thread_worker() -> None:
     assert loader.stats()["failure_count"] == 0
 
 
+class _Batched(Failing):
+    """Fetched a batch at a time: one bad index fails the whole call."""
+
+    def __getitems__(self, indices: list[int]) -> list[torch.Tensor]:
+        return [self[i] for i in indices]
+
+
+class _BatchedOnly(tud.Dataset):
+    """Only __getitems__ (torch's Dataset.__getitem__ raises NotImplementedError)."""
+
+    def __len__(self) -> int:
+        return 12
+
+    def __getitems__(self, indices: list[int]) -> list[torch.Tensor]:
+        if 5 in indices:
+            raise ValueError("bad sample 5")
+        return [torch.tensor([i]) for i in indices]
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("kind", sorted(KINDS))
+def test_skip_with_getitems_leaves_out_only_the_bad_samples(kind: str) -> None:
+    # a failed __getitems__ call left out its whole batch, good samples too
+    loader = conveyor.DataLoader(_Batched(12, {5}), batch_size=4, on_error="skip", max_failures=3, **KINDS[kind])
+    assert [b.flatten().tolist() for b in drain(loader)] == [[0, 1, 2, 3], [4, 6, 7], [8, 9, 10, 11]]
+    assert [f["index"] for f in loader.stats()["failures"]] == [5]
+    # without a __getitem__ of its own, the batch goes whole, as before
+    loader = conveyor.DataLoader(_BatchedOnly(), batch_size=4, on_error="skip", max_failures=4, **KINDS[kind])
+    assert [b.flatten().tolist() for b in drain(loader)] == [[0, 1, 2, 3], [8, 9, 10, 11]]
+
+
 class _Heavy(ValueError):
     """A failure holding what its sample held (a decoded image, say): 1 MB."""
 

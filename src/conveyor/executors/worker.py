@@ -482,9 +482,20 @@ class Fetcher:
                 self._batch_seed(task)
                 return self.gather(indices, output=spec.output), [], True
         if self.has_getitems:
-            with self.lock or contextlib.nullcontext():
-                self._batch_seed(task)
-                return self.dataset.__getitems__(indices), [], False
+            try:
+                with self.lock or contextlib.nullcontext():
+                    self._batch_seed(task)
+                    return self.dataset.__getitems__(indices), [], False
+            except Exception:
+                if spec.on_error != "skip":
+                    raise
+                # one bad sample fails the whole call: each sample alone, so that only the bad
+                # ones are left out (unless the dataset has no __getitem__ of its own)
+                alone = [self._guarded(i, task.epoch) for i in indices]
+                skipped = [s.failure for s in alone if type(s) is _Skipped]
+                if len(skipped) == len(alone) and skipped[0].type_name == "builtins.NotImplementedError":
+                    raise
+                return [s for s in alone if type(s) is not _Skipped], skipped, False
         samples, skipped = self._samples(task)
         return samples, skipped, False
 
