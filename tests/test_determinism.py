@@ -454,3 +454,28 @@ def test_auto_probing_batches_draw_as_a_loader_without_workers() -> None:
     same_epochs(want[:here], got[:here])
     if here == len(want):  # every batch made here: the user's streams moved as without workers
         assert torch.equal(after_want[0], after_got[0]) and after_want[1:] == after_got[1:]
+
+
+class NoisyStream(conveyor.IterableDataset):
+    """A stream of 12 items, each with draws from every global RNG (an augmenting stream)."""
+
+    def __iter__(self) -> Any:
+        return (draw(i) for i in range(12))
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("batch_size", [None, 3])
+def test_a_seeded_stream_in_the_main_process_draws_on_as_one_worker_does(batch_size: int | None) -> None:
+    # the main process put the caller's RNG state back after each batch and never seeded the
+    # stream: every batch started from the same state, and drew the same
+    def rows(**kw: Any) -> list[list[int]]:
+        with DataLoader(NoisyStream(), batch_size=batch_size, seed=7, **kw) as loader:
+            return [r for _ in range(2) for b in loader for r in (b.view(-1, 5).tolist())]
+
+    torch.manual_seed(0)
+    mine = torch.rand(())
+    torch.manual_seed(0)
+    inline = rows()
+    assert torch.rand(()) == mine  # the caller's RNG as it was
+    assert len({tuple(r[1:]) for r in inline}) == 24  # every item of both epochs draws anew
+    assert inline == rows(num_workers=1, adaptive=False)  # as one process worker draws

@@ -91,6 +91,9 @@ class _WorkerNumpySeed:
         return _WorkerNumpySeed, (self.key[0], self.key[1] | self.key[2] << 32)
 
 
+STREAM_SALT = 0x57EA  # a stream's RNGs at an epoch's start: mix(seed, epoch, STREAM_SALT)
+
+
 def seed_worker(base_seed: int, worker_id: int) -> int:
     """Seed a worker's RNGs as torch does; returns the worker's seed."""
     seed = worker_seed(base_seed, worker_id)

@@ -25,6 +25,13 @@ class InlineExecutor:
         # With a loader seed, samples reseed the global RNGs; the user's state
         # is put back after each batch so the main thread's RNG is not disturbed.
         self.restore_rng = spec.seed is not None
+        # A stream is not seeded per sample: it draws on from batch to batch, from its own RNG
+        # state, seeded at each epoch's start as a process worker seeds its (so that its draws
+        # are those of num_workers=1). Restoring the caller's state alone made every batch
+        # start from the same state, and draw the same.
+        self.spec = spec
+        self.stream_rng: rng.RngState | None = None
+        self.stream_epoch: int | None = None
 
     def submit(self, worker: int, tasks: list[Task]) -> None:
         self.queue.extend(tasks)
@@ -36,9 +43,19 @@ class InlineExecutor:
         self.fetcher.schedule(task)
         if self.restore_rng:
             saved = rng.RngState()
+            stream = self.spec.iterable
+            if stream:
+                if self.stream_epoch != task.epoch or self.stream_rng is None:
+                    assert self.spec.seed is not None
+                    rng.seed_worker(rng.mix(self.spec.seed, task.epoch, rng.STREAM_SALT) >> 1, 0)
+                    self.stream_epoch = task.epoch
+                else:
+                    self.stream_rng.restore()
             try:
                 return [self.fetcher.run(task)]
             finally:
+                if stream:
+                    self.stream_rng = rng.RngState()
                 saved.restore()
         return [self.fetcher.run(task)]
 

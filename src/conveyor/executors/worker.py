@@ -505,7 +505,7 @@ class Fetcher:
                 # a process worker's stream draws from its global RNGs: with a seed, each epoch
                 # starts them from (seed, epoch), so an epoch's draws do not depend on the epochs
                 # this worker made before (persistent or not), and a resumed epoch repeats them
-                rng.seed_worker(rng.mix(self.spec.seed, task.epoch, 0x57EA) >> 1, self.worker_id)
+                rng.seed_worker(rng.mix(self.spec.seed, task.epoch, rng.STREAM_SALT) >> 1, self.worker_id)
             if _torch.is_datapipe(self.dataset):
                 # every worker's shuffles alike within an epoch: the shards come from one order
                 base = self.spec.seed if self.spec.seed is not None else self.spec.base_seed
