@@ -330,6 +330,38 @@ def test_conveyors_worker_info_answers_inside_torchs_own_workers() -> None:
     same_epochs(list(tud.DataLoader(Stream(11, "conveyor"), batch_size=2, num_workers=2)), want)
 
 
+class _Range(tud.IterableDataset):  # type: ignore[type-arg]
+    """torch's IterableDataset example 2: each worker narrows its copy's range in worker_init_fn."""
+
+    def __init__(self, start: int, end: int) -> None:
+        self.start, self.end = start, end
+
+    def __iter__(self) -> Any:
+        return iter(range(self.start, self.end))
+
+
+def _narrow(worker_id: int) -> None:
+    info = tud.get_worker_info()
+    ds = info.dataset
+    whole, per = (ds.start, ds.end), -(-(ds.end - ds.start) // info.num_workers)
+    ds.start = whole[0] + worker_id * per
+    ds.end = min(ds.start + per, whole[1])
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("workers", [2, 3])
+def test_thread_workers_each_narrow_a_copy_of_the_stream_as_torch_documents(workers: int) -> None:
+    # every thread narrowed the one shared object: 2 workers gave [8, 8, 9, 9, 10, 10, 11, 11],
+    # 3 gave nothing, with no error; and the user's dataset was left changed
+    ds = _Range(3, 20)
+    want = sorted(tud.DataLoader(_Range(3, 20), batch_size=None, num_workers=workers, worker_init_fn=_narrow))
+    with conveyor.DataLoader(ds, batch_size=None, num_workers=workers, worker_type="thread",
+                             worker_init_fn=_narrow) as c:
+        got = sorted(int(x) for x in c)
+    assert got == [int(x) for x in want] == list(range(3, 20))
+    assert (ds.start, ds.end) == (3, 20)
+
+
 class WhoFetches(tud.Dataset):
     """The id of the worker fetching each index, as conveyor's and torch's info tell it."""
 

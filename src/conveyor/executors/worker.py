@@ -16,13 +16,14 @@ process executor wraps it in :func:`serve`, which also owns the slot pool.
 from __future__ import annotations
 
 import contextlib
+import copy
+import dataclasses
 import os
 import signal
 import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from .. import _torch, rng
@@ -35,7 +36,7 @@ from .task import Doorbell, Hello, Inbox, Order, Readable, Result, Task, send
 __all__ = ["WorkerInfo", "WorkerSpec", "Fetcher", "get_worker_info", "serve"]
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class WorkerInfo:
     """What :func:`get_worker_info` returns inside a worker.
 
@@ -210,7 +211,7 @@ def _route(tdata: Any, tworker: Any) -> None:
             tdata.get_worker_info = answer
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class WorkerSpec:
     """Everything a worker needs, picklable for spawn."""
 
@@ -654,6 +655,15 @@ def start_worker(spec: WorkerSpec, worker_id: int, *, kind: str) -> Fetcher:
     global main_rank_world
     thread = kind == "thread"
     seed = rng.worker_seed(spec.base_seed, worker_id)
+    if thread and spec.iterable and not _torch.is_datapipe(spec.dataset):
+        # a stream's copy of its own, as a process worker has: torch's documented pattern
+        # narrows get_worker_info().dataset.start/end in worker_init_fn, and state set in
+        # __iter__ is the worker's. One object shared by every thread lost data silently.
+        # (Shallow: the data it refers to is still shared.)
+        try:
+            spec = dataclasses.replace(spec, dataset=copy.copy(spec.dataset))
+        except Exception:  # noqa: BLE001 - an object that cannot be copied is shared, as before
+            pass
     if not thread:
         main_rank_world = spec.rank_world
         rng.seed_worker(spec.base_seed, worker_id)
