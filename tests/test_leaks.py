@@ -572,7 +572,8 @@ def test_breaking_out_of_epochs_on_persistent_workers_does_not_pile_up_slots() -
             assert len(it.reorder) >= 2
             del it
             counts.append(len(shm_entries()))
-        assert max(counts) <= min(counts) + 2, counts  # without the release: 5 -> 53
+        # the first breaks may still grow the pools to their working size; after that, flat
+        assert max(counts[4:]) <= counts[4] + 2, counts  # without the release: 5 -> 53
         assert len(list(loader)) == 12
     finally:
         loader.close()
