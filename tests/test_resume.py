@@ -632,6 +632,32 @@ def test_resume_a_stream_mid_epoch(workers: int) -> None:
         assert [[b.tolist() for b in second] for _ in range(2)] == [ref[0][3:], ref[1]]
 
 
+@pytest.mark.timeout(60)
+def test_a_state_after_a_streams_last_batch_names_the_next_epoch() -> None:
+    # every worker had said its stream was over, yet a state saved before StopIteration named
+    # the ended epoch: the resumed loader's first epoch was empty
+    def make_loader() -> DataLoader[Any]:
+        return DataLoader(Stream(11, "torch"), batch_size=2, num_workers=2, adaptive=False)
+
+    ref = run_epochs(make_loader(), 2)
+    first = make_loader()
+    with first:
+        it = iter(first)
+        assert [next(it).tolist() for _ in range(len(ref[0]))] == ref[0]
+        for _ in range(200):  # the workers' word that their streams ended
+            state = json.loads(json.dumps(first.state_dict()))
+            if state["epoch"] == 1:
+                break
+            time.sleep(0.05)
+        assert state["epoch"] == 1 and state["batches"] == 0, state
+        with pytest.raises(StopIteration):
+            next(it)
+    second = make_loader()
+    with second:
+        second.load_state_dict(state)
+        assert [b.tolist() for b in second] == ref[1]
+
+
 class SlowStream(torch.utils.data.IterableDataset):
     """0..n-1 shared between workers by torch's worker info; item 4 takes 0.3 s."""
 

@@ -2321,7 +2321,7 @@ class _Run(Generic[T]):
         """This run's position, for the loader's state_dict."""
         where: dict[str, Any] = {
             "epoch": self.epoch, "batches": self.yielded if self.replicas_done else self.prefix,
-            "finished": self.finished and self.exhausted, "base_seed": self.base_seed,
+            "finished": self.finished and self.exhausted or self._stream_over(), "base_seed": self.base_seed,
             "generator": self.generator_state}
         if self.ahead:
             where["done"] = sorted(self.ahead)  # handed out of order, beyond ``batches``
@@ -2330,6 +2330,22 @@ class _Run(Generic[T]):
         if self.rngs is not None:
             where["replayed"] = self._replayed_where()
         return where
+
+    def _stream_over(self) -> bool:
+        """A stream's every worker has said it is exhausted and every batch was handed out:
+        the epoch is over, though the iterator has not raised its StopIteration yet."""
+        if not self.replicas_done or self.finished or self.dropping:
+            return False
+        if any(self.active) and self.inflight and self.loader._device_stage is None and self.ex.kind != "inline":
+            # the workers' word may be waiting in the pipes: take it in (no batch is handed out)
+            self._absorb(self.ex.poll(0))
+        if self.inflight:
+            return False
+        buffered = list(self.reorder.buffer.values())
+        if any(not r.exhausted for r in buffered):
+            return False  # batches still to hand out
+        said = {max(r.worker, 0) for r in buffered}
+        return all(not active or w in said for w, active in enumerate(self.active))
 
     def _finish(self) -> None:
         if self.finished:

@@ -91,8 +91,8 @@ class ThreadExecutor:
         try:
             while True:
                 task = q.get()
-                if task is _STOP:
-                    return
+                if task is _STOP or self.closed:
+                    return  # closed: the tasks still queued behind a stuck one are not run
                 if type(task) is _Threads:
                     fetcher.set_threads(task.n)
                     continue
