@@ -349,6 +349,29 @@ def test_a_seeded_thread_worker_given_up_on_does_not_hold_up_other_seeded_loader
         stuck.release.set()
 
 
+class _CountsAndHangs(_HangsUntil):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fetched: list[int] = []
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        self.fetched.append(i)
+        return super().__getitem__(i)
+
+
+@pytest.mark.timeout(60)
+def test_a_closed_thread_worker_runs_none_of_the_tasks_queued_behind_a_stuck_one() -> None:
+    ds = _CountsAndHangs()
+    loader = conveyor.DataLoader(ds, batch_size=1, num_workers=1, worker_type="thread", prefetch_factor=4,
+                                 timeout=1, adaptive=False)
+    with pytest.raises(RuntimeError, match="timed out"):
+        drain(loader)
+    loader.close()
+    ds.release.set()  # the stuck sample returns: its thread would go on to the queued ones
+    time.sleep(1.0)
+    assert max(ds.fetched) == 5, ds.fetched  # nothing after the stuck index was fetched
+
+
 class _HangsOnce(tud.Dataset):
     """Index 5 hangs the first time it is fetched (a marker file says so), then answers."""
 
