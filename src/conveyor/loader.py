@@ -720,7 +720,7 @@ class DataLoader(Generic[T]):
         run = self._last_run
         if run is not None and not run.finished:
             run.begin()
-        where = run.where() if run is not None and not run.finished else self._ended
+        where = run.where(take_in=True) if run is not None and not run.finished else self._ended
         state: dict[str, Any] = {"version": STATE_VERSION, "dataset_len": self._dataset_len(), "seed": self.seed,
                                  "batch_size": None if self.batch_size is None else int(self.batch_size),
                                  "drop_last": bool(self.drop_last)}
@@ -2317,11 +2317,12 @@ class _Run(Generic[T]):
         return RuntimeError(msg)
 
     # -- endings ------------------------------------------------------------
-    def where(self) -> dict[str, Any]:
-        """This run's position, for the loader's state_dict."""
+    def where(self, take_in: bool = False) -> dict[str, Any]:
+        """This run's position, for the loader's state_dict (``take_in``: results waiting in
+        the pipes may be taken in, see ``_stream_over``; never from a finalizer)."""
         where: dict[str, Any] = {
             "epoch": self.epoch, "batches": self.yielded if self.replicas_done else self.prefix,
-            "finished": self.finished and self.exhausted or self._stream_over(), "base_seed": self.base_seed,
+            "finished": self.finished and self.exhausted or self._stream_over(take_in), "base_seed": self.base_seed,
             "generator": self.generator_state}
         if self.ahead:
             where["done"] = sorted(self.ahead)  # handed out of order, beyond ``batches``
@@ -2331,12 +2332,13 @@ class _Run(Generic[T]):
             where["replayed"] = self._replayed_where()
         return where
 
-    def _stream_over(self) -> bool:
+    def _stream_over(self, take_in: bool) -> bool:
         """A stream's every worker has said it is exhausted and every batch was handed out:
         the epoch is over, though the iterator has not raised its StopIteration yet."""
         if not self.replicas_done or self.finished or self.dropping:
             return False
-        if any(self.active) and self.inflight and self.loader._device_stage is None and self.ex.kind != "inline":
+        if (take_in and any(self.active) and self.inflight and self.loader._device_stage is None
+                and self.ex.kind != "inline"):
             # the workers' word may be waiting in the pipes: take it in (no batch is handed out)
             self._absorb(self.ex.poll(0))
         if self.inflight:
