@@ -252,12 +252,25 @@ def test_a_worker_killed_while_starting_is_replaced_like_any_other(tmp_path: Pat
             drain(loader)
 
 
-class _KilledOnceThenInitHangs:
-    """Worker 0 dies at index 7 once (a marker file says so); its replacement's
-    worker_init_fn then hangs."""
+class _HangsOnce(tud.Dataset):
+    """Index 5 hangs the first time it is fetched (a marker file says so), then answers."""
 
     def __init__(self, marker: Path) -> None:
         self.marker = marker
+
+    def __len__(self) -> int:
+        return 12
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        if i == 5 and not self.marker.exists():
+            self.marker.write_text("hung once")
+            time.sleep(60)
+        return torch.tensor([i])
+
+
+class _KilledOnceThenInitHangs(_HangsOnce):
+    """Worker 0 dies at index 7 once (a marker file says so); its replacement's
+    worker_init_fn then hangs."""
 
     def __len__(self) -> int:
         return 32
@@ -370,22 +383,6 @@ def test_a_closed_thread_worker_runs_none_of_the_tasks_queued_behind_a_stuck_one
     ds.release.set()  # the stuck sample returns: its thread would go on to the queued ones
     time.sleep(1.0)
     assert max(ds.fetched) == 5, ds.fetched  # nothing after the stuck index was fetched
-
-
-class _HangsOnce(tud.Dataset):
-    """Index 5 hangs the first time it is fetched (a marker file says so), then answers."""
-
-    def __init__(self, marker: Path) -> None:
-        self.marker = marker
-
-    def __len__(self) -> int:
-        return 12
-
-    def __getitem__(self, i: int) -> torch.Tensor:
-        if i == 5 and not self.marker.exists():
-            self.marker.write_text("hung once")
-            time.sleep(60)
-        return torch.tensor([i])
 
 
 @pytest.mark.timeout(60)
