@@ -707,3 +707,19 @@ def test_main_process_batches_keep_a_bounded_record_of_their_rates(num_workers: 
         assert sum(1 for _ in loader) == 600
         assert loader._last_pool is not None and loader._last_pool.mode == "inline"
         assert len(loader._last_pool.inline_rates) <= 16
+
+
+@pytest.mark.timeout(60)
+def test_tuning_names_the_workers_that_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    # the tuner may settle on fewer workers than it started, and workers are not stopped
+    # mid-run: tuning() named the smaller count, which pinned ran another (slower) setup
+    with DataLoader(np.arange(256, dtype=np.float32), batch_size=8, num_workers="auto", output="numpy") as loader:
+        it = iter(loader)
+        next(it)
+        pool = loader._last_pool
+        assert pool is not None
+        pool.apply(2, pool.threads, pool.prefetch)  # two running, whatever the probe chose
+        wish = Decision(1, 1, 2, "fewer would do", True)
+        monkeypatch.setattr(pool.tuner, "decision", lambda: wish)
+        assert sum(len(b) for b in it) == 248
+        assert loader.tuning()["num_workers"] == loader.stats()["num_workers"] == 2
