@@ -619,7 +619,8 @@ class _Heavy(ValueError):
 
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("kind", sorted(KINDS))
-def test_skipped_failures_are_counted_without_keeping_their_exceptions(kind: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_skipped_failures_are_counted_without_keeping_their_exceptions(
+        kind: str, monkeypatch: pytest.MonkeyPatch) -> None:
     # each skipped failure kept its pickled (or live) exception in stats for the loader's
     # life: 20 failures holding 20 MB each kept 400 MB; plain ones grew without end
     from conveyor import stats
@@ -644,7 +645,8 @@ def test_too_many_failures_counts_the_epoch_it_stops() -> None:
     for _ in range(2):
         drain(loader)
     ds.bad = {5, 6, 7, 8}
-    with pytest.raises(conveyor.TooManyFailures, match=r"4 of \d+ samples failed so far this epoch \(ValueError x4\)") as info:
+    said = r"4 of \d+ samples failed so far this epoch \(ValueError x4\)"
+    with pytest.raises(conveyor.TooManyFailures, match=said) as info:
         drain(loader)
     assert "bad sample 5" in str(info.value.__cause__)
 

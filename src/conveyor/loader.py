@@ -682,10 +682,11 @@ class DataLoader(Generic[T]):
                     # the threads that run: the tuner's wish goes through ThreadSteer, which
                     # damps cuts and undoes those that cost throughput
                     tuning["fetch_threads"] = snap["fetch_threads"]
-                if pool.launched and (self._auto or {}).get("num_workers") and tuning["num_workers"] < snap["num_workers"]:
+                running = snap["num_workers"]
+                if pool.launched and (self._auto or {}).get("num_workers") and tuning["num_workers"] < running:
                     # workers are not stopped mid-run: those that run are what to pin (the
                     # tuner's smaller count, pinned, ran 1.81 s where what ran took 1.28 s)
-                    tuning["num_workers"] = snap["num_workers"]
+                    tuning["num_workers"] = running
                 snap["tuning"] = tuning
         return snap
 

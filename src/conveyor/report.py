@@ -165,7 +165,8 @@ def report(snap: dict[str, Any], cores: int | None = None) -> str:
     failures = snap.get("failures") or []
     if failures:
         first = failures[0]
-        parts.append(f"{snap.get('failure_count') or len(failures)} sample(s) failed and were skipped (first: index {first.get('index')}, "
+        count = snap.get("failure_count") or len(failures)
+        parts.append(f"{count} sample(s) failed and were skipped (first: index {first.get('index')}, "
                      f"{first.get('error')})")
     restarts = int(snap.get("restarts", 0) or 0)
     deaths = snap.get("deaths") or []

@@ -77,7 +77,8 @@ def _startup_hint(spec: WorkerSpec, method: str) -> str:
             hidden.append(f"the {what} {name}" if itself else f"the {what}'s class {name}")
     if hidden:
         said = " and ".join(hidden)
-        return (f"{said[0].upper()}{said[1:]} {'is' if len(hidden) == 1 else 'are'} defined under `if __name__ == \"__main__\":`. "
+        verb = "is" if len(hidden) == 1 else "are"
+        return (f"{said[0].upper()}{said[1:]} {verb} defined under `if __name__ == \"__main__\":`. "
                 f"A worker started with '{method}' re-imports your main module without running that "
                 "block, so it cannot find it: define it at module level, above the guard. The "
                 "worker's own error is printed above.")
