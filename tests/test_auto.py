@@ -370,6 +370,23 @@ def test_the_next_epoch_starts_from_the_threads_that_ran_not_the_wish() -> None:
     assert start == (1, 16, "workers")
 
 
+def test_the_next_epoch_starts_from_the_workers_that_ran_not_the_wish() -> None:
+    # workers are not stopped mid-run, so tuning() names those that ran though the tuner
+    # came to wish fewer: the next epoch starts them all, as pinning tuning() would
+    tuner = Tuner(cpu=2, warmup=4, start=Decision(1, 1, 2, "CPU-bound", False))
+    tuner.seen = 24
+    tuner.workers_run = 2
+    with DataLoader(Waits(), batch_size=16, num_workers="auto", output="numpy") as loader:
+        loader._tuner = tuner
+        it = iter(loader)
+        pool = it.pool  # type: ignore[attr-defined]
+        start = (pool.num_workers, pool.mode)
+        batches = len(list(it))
+        chosen = loader.tuning()
+    assert start == (2, "workers") and batches == 24
+    assert chosen is not None and chosen["num_workers"] == 2
+
+
 def _position(loader: DataLoader) -> dict:
     state = loader.state_dict()
     del state["base_seed"]  # drawn afresh by every loader

@@ -683,7 +683,8 @@ class DataLoader(Generic[T]):
                     # damps cuts and undoes those that cost throughput
                     tuning["fetch_threads"] = snap["fetch_threads"]
                 running = snap["num_workers"]
-                if pool.launched and (self._auto or {}).get("num_workers") and tuning["num_workers"] < running:
+                if (pool.launched and pool.mode == "workers" and (self._auto or {}).get("num_workers")
+                        and tuning["num_workers"] < running):
                     # workers are not stopped mid-run: those that run are what to pin (the
                     # tuner's smaller count, pinned, ran 1.81 s where what ran took 1.28 s)
                     tuning["num_workers"] = running
@@ -1184,7 +1185,9 @@ class _Pool:
     def _resume(self, tuner: Tuner) -> None:
         """Start where "auto" got to in the epochs before (workers that do not persist are
         new every epoch): no probing batches, and the tuner goes on from its last choice.
-        Threads start at the count that ran, which ThreadSteer may have kept above the wish."""
+        Threads start at the count that ran, which ThreadSteer may have kept above the wish,
+        and workers at the count that ran, which the tuner may have wished smaller (what
+        tuning() reports: those that ran are what to pin)."""
         auto = self.auto or {}
         kept = tuner.decision()
         if auto.get("fetch_threads"):
@@ -1195,7 +1198,7 @@ class _Pool:
         if auto.get("prefetch_factor") and kept.prefetch_factor:
             self.prefetch = kept.prefetch_factor
         if auto.get("num_workers"):
-            self.num_workers = max(kept.num_workers, 1 if self.timed else 0)
+            self.num_workers = max(kept.num_workers, tuner.workers_run, 1 if self.timed else 0)
             # the probe that would tell whether the dataset draws from the global RNGs does
             # not run again: with workers, the workers make every batch, as torch's would
             self.mode = "workers" if self.num_workers else "inline"
@@ -1227,6 +1230,8 @@ class _Pool:
             self._holder.append(ex)
             self._closers.append(ex)
             self.launched = True
+            if self.tuner is not None:
+                self.tuner.workers_run = self.num_workers
             if self.auto is None:
                 self.workers_paid[0] = True
         return self._holder[0]
@@ -1522,6 +1527,7 @@ class _Pool:
                 typical = _typical(costs)
                 if copying or not self.worth_workers(typical, result.batch):
                     self.mode = "inline"
+                    self.tuner.workers_run = 0  # any started early make no batch from here
                     why = (f"batches are made at {rate / 1e9:.1f} GB/s in the main process (copying memory): "
                            "workers would only copy them again" if copying else
                            f"a batch costs {typical * 1e6:.0f} us in the main process, less than bringing it "
@@ -1608,6 +1614,8 @@ class _Pool:
             else:
                 self.executor.grow(workers)
                 self.num_workers = workers
+                if self.tuner is not None:
+                    self.tuner.workers_run = workers
                 self.mode = "workers"
         if threads != self.threads and self.started:
             self.executor.set_threads(threads)

@@ -288,6 +288,7 @@ class Tuner:
         self._probed = False
         self.thread_steer = ThreadSteer()
         self.threads_run: int | None = None  # fetch threads the loader last ran (set by the loader)
+        self.workers_run = 0  # workers the loader last ran (set by the loader: never stopped mid-run)
 
     @property
     def ram(self) -> int | None:
