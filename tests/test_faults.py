@@ -974,6 +974,36 @@ def test_skip_in_a_stream(workers: int) -> None:
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.parametrize("workers", [0, 1])
+@pytest.mark.parametrize("batch_size", [None, 2])
+def test_a_generator_that_raised_ends_its_stream_as_torchs_does(workers: int, batch_size: int | None) -> None:
+    # under on_error="raise" the loop that catches the error and asks again sees the stream
+    # end, as with torch, and no word of on_error="skip"; under "skip" one warning a stream
+    # (the tasks in flight behind its end warned again)
+    def run(loader: Any) -> tuple[list[Any], list[str]]:
+        got: list[Any] = []
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            it = iter(loader)
+            while True:
+                try:
+                    got.append(next(it).flatten().tolist())
+                except ValueError:
+                    got.append("error")
+                except StopIteration:
+                    break
+        return got, [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)]
+
+    ds = _Survives(6, {3}, generator=True)
+    ref, _ = run(tud.DataLoader(ds, batch_size=batch_size, num_workers=workers))
+    got, said = run(conveyor.DataLoader(ds, batch_size=batch_size, num_workers=workers))
+    assert got == ref and "error" in got and said == []
+    got, said = run(conveyor.DataLoader(ds, batch_size=batch_size, num_workers=workers, on_error="skip",
+                                        max_failures=1))
+    assert "error" not in got and len(said) == 1 and "generator is over once it has raised" in said[0]
+
+
+@pytest.mark.timeout(60)
 def test_forkserver_workers_idle_between_epochs_stay() -> None:
     # a forkserver worker's parent is the fork server, not the main process: idle workers
     # took that for the main process gone, left after 0.5 s, and were restarted each epoch

@@ -2098,11 +2098,12 @@ class _Run(Generic[T]):
                               cpu_span=r.cpu_span, work=r.work)
         if r.exhausted:
             w = max(r.worker, 0)  # -1: the main process, the only replica with 0 workers
+            first = w >= len(self.active) or self.active[w]  # tasks in flight behind it end too
             if w < len(self.active):
                 self.active[w] = False
             if r.skipped:
                 self._count_failures(list(r.skipped), samples=len(r.skipped))
-            if r.exhausted == 2:
+            if r.exhausted == 2 and first:
                 warnings.warn(
                     f"conveyor: the stream of {'the main process' if r.worker < 0 else f'worker {w}'} ended right "
                     "after an item raised (on_error='skip'): a generator is over once it has raised, so the "

@@ -697,7 +697,7 @@ class Fetcher:
                 try:
                     data = self._fetch_iter(task, skipped)
                 except StopIteration:
-                    return Result(task.seq, self._wid(), exhausted=2 if self.died else 1, skipped=tuple(skipped),
+                    return Result(task.seq, self._wid(), exhausted=2 if self.died and self.spec.on_error == "skip" else 1, skipped=tuple(skipped),
                                   start=start, end=time.perf_counter())
                 done = False
             elif self.plain and self.pool is None and self.watch is None:
