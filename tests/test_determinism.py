@@ -8,6 +8,7 @@ other seeds and other epochs must give other streams.
 
 from __future__ import annotations
 
+import multiprocessing
 import random
 import threading
 import time
@@ -488,19 +489,23 @@ class Reads(conveyor.Dataset):
 
     def __init__(self, n: int = 48, draws_at: int | None = None) -> None:
         self.n, self.draws_at = n, draws_at
-        self.busy = self.most = 0
-        self.count = threading.Lock()
+        self.counts = multiprocessing.Array("i", 2)  # reads in progress, most at once (forked workers too)
+
+    @property
+    def most(self) -> int:
+        return self.counts[1]
 
     def __len__(self) -> int:
         return self.n
 
     def __getitem__(self, i: int) -> torch.Tensor:
-        with self.count:
-            self.busy += 1
-            self.most = max(self.most, self.busy)
+        counts = self.counts
+        with counts.get_lock():
+            counts[0] += 1
+            counts[1] = max(counts[1], counts[0])
         time.sleep(0.002)
-        with self.count:
-            self.busy -= 1
+        with counts.get_lock():
+            counts[0] -= 1
         if self.draws_at is not None and i % self.draws_at == self.draws_at - 1:
             # a single legacy normal too: numpy keeps its pair's other half for the next one
             return torch.cat([draw(i), torch.tensor([int(np.random.standard_normal() * 2**20)])])
@@ -529,9 +534,9 @@ def test_seeded_fetch_threads_stay_bit_identical_when_samples_draw_after_quiet_o
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("kw", [FETCHING[0], FETCHING[2]], ids=["main", "threads"])
+@pytest.mark.parametrize("kw", [{**FETCHING[1], "num_workers": 1}, FETCHING[2]], ids=["processes", "threads"])
 def test_seeded_fetch_threads_read_at_once_when_the_dataset_draws_nothing(kw: dict[str, Any]) -> None:
-    # with a seed each sample is seeded and fetched in turn: 8 threads read one at a time.
+    # with a seed each sample is seeded and fetched in turn: 4 threads read one at a time.
     # A dataset that draws nothing from the global RNGs needs no seeding: reads overlap.
     ds = Reads()
     with DataLoader(ds, batch_size=8, seed=3, adaptive=False, **kw) as loader:
@@ -539,6 +544,49 @@ def test_seeded_fetch_threads_read_at_once_when_the_dataset_draws_nothing(kw: di
     assert ds.most > 1
     with DataLoader(Reads(), batch_size=8) as plain:
         same_epochs([b.clone() for b in plain], seeded)
+
+
+class ReadsTheSeed(Reads):
+    """Depends on the global RNGs without moving them: reads torch's seed, draws inside
+    ``fork_rng`` (which puts the state back)."""
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        x = super().__getitem__(i)
+        with torch.random.fork_rng():
+            drawn = int(torch.randint(0, 2**31, ()).item())
+        return torch.cat([x, torch.tensor([torch.initial_seed() % 2**31, drawn])])
+
+
+class FailsOnce(Reads):
+    """Index 11's first read fails (flaky storage)."""
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        if i == 11:
+            with self.counts.get_lock():
+                first, self.counts[0] = self.counts[0] >= 0, -1000
+            if first:
+                raise OSError("read of 11 failed")
+        return super().__getitem__(i)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("kw", FETCHING[1:], ids=["processes", "threads"])
+def test_samples_that_read_the_rngs_without_moving_them_stay_seeded(kw: dict[str, Any]) -> None:
+    ref = epochs(DataLoader(ReadsTheSeed(), batch_size=6, seed=3))
+    got = epochs(DataLoader(ReadsTheSeed(), batch_size=6, seed=3, adaptive=False, **kw))
+    for e in range(2):
+        same_epochs(ref[e], got[e])
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("kw", FETCHING[1:], ids=["processes", "threads"])
+def test_a_read_that_fails_once_fails_with_seeded_fetch_threads_too(kw: dict[str, Any]) -> None:
+    # fetched at once and unseeded, a failed read is not tried again: it fails as it would
+    # have seeded (the RNGs had no part in it)
+    with DataLoader(FailsOnce(), batch_size=6, seed=3, adaptive=False, **kw) as loader:
+        with pytest.raises(OSError, match="read of 11 failed"):
+            for _ in loader:
+                pass
 
 
 @pytest.mark.parametrize("what", ["random", "random normal", "numpy", "numpy normal", "torch", "torch normal"])

@@ -266,13 +266,23 @@ class RngLock:
                 lock.release()  # handed on while this thread waited: take the new one
 
     def __enter__(self) -> None:
+        self.take()
+
+    def take(self, unless: Callable[[], bool] | None = None) -> bool:
+        """Hold the lock whole (``with lock`` does), once shared holders let go. With
+        ``unless``: if it holds once this thread's turn comes, give the turn up and return
+        False, without waiting for the shared holders."""
         lock = self._take()
+        if unless is not None and unless():
+            lock.release()
+            return False
         self._took.lock = lock
         self._owner = threading.get_ident()
         left = self._left
         with left:
             while self._readers:
                 left.wait(0.5)
+        return True
 
     def __exit__(self, *exc: object) -> None:
         lock = self._took.lock
@@ -315,82 +325,113 @@ class RngLock:
         self._left = threading.Condition(threading.Lock())
 
 
-# A fetch that takes this long is worth fetching alongside others without seeding, when
-# the dataset draws nothing from the global RNGs: two fingerprints (~3 us each) are little
-# next to it. Shorter ones are seeded and fetched in turn, as fetching them at once gains
-# little under the GIL.
-FREE_MIN_S = 0.0005
-FREE_AFTER = 2  # checked fetches that drew nothing, before fetches go unseeded
+FREE_AFTER = 2  # checked fetches that did not depend on the global RNGs, before fetches go unseeded
+_FLIP = 0x5EEDF11D  # another seed for a checked fetch's second try
 
 
 class SeededFetch:
-    """Fetches samples seeded from their own seeds, on threads that share the global RNGs.
+    """Fetches samples seeded from their own seeds, on the fetch threads of a worker, which
+    share its global RNGs.
 
     Seeding and fetching must be done in turn (under ``RngLock``), or a thread's draws would
     mix with another's seeding: with slow reads (5 ms), 8 fetch threads fetched one at a
-    time, 3.86 s against 0.58 s without a seed. Yet most datasets draw nothing from the
-    global RNGs, and what they give does not depend on the seed. So a fetch taken in turn
-    is checked now and then: seeded, fingerprinted (``rng.fingerprint``), fetched,
-    fingerprinted again. Once FREE_AFTER such fetches drew nothing and fetches take
-    FREE_MIN_S or more, fetches go unseeded and at once (holding the lock shared), each
-    between two fingerprints. One whose fingerprints differ (it drew, or anything else did
-    meanwhile) is not used: it is fetched again in turn, seeded, and so is every fetch from
-    then on. A fetch in turn never runs beside an unseeded one, so what it draws is its own.
-    Fetches that got cheap go back to taking turns (they gain little at once, under the
-    GIL) and are checked again."""
+    time, 2.73 s against 0.34 s without a seed. Yet most datasets draw nothing from the
+    global RNGs, and what they give does not depend on the seed. So the first fetches, in
+    turn, are checked: seeded, fingerprinted (``rng.fingerprint``), fetched, fingerprinted
+    again, then seeded otherwise and fetched again (a sample that reads the RNGs without
+    moving them, as ``torch.initial_seed()`` or a draw inside ``torch.random.fork_rng`` do,
+    comes out otherwise). Once FREE_AFTER such fetches showed no dependence, fetches go
+    unseeded and at once (holding the lock shared), each between two fingerprints. One whose
+    fingerprints differ (it drew, or anything else in the worker did meanwhile) is not used:
+    it is fetched again in turn, seeded, and so is every fetch from then on. A fetch in turn
+    never runs beside an unseeded one, so what it draws is its own. One that raises with its
+    fingerprints unmoved raises as it is: a seeded fetch would have, the RNGs being no part
+    of it.
+
+    Only worker fetchers (``Fetcher.worker_id`` set) do this: the main process puts its own
+    RNG state back after each batch it makes, and a collate_fn drawing there would start
+    every batch from that one state where no sample seeded the RNGs."""
 
     def __init__(self, lock: RngLock) -> None:
         self.lock = lock
-        self.draws = False  # a fetch drew from the global RNGs: every fetch is seeded, in turn
+        self.draws = False  # a fetch depended on the global RNGs: every fetch is seeded, in turn
         self.free = False  # fetches go unseeded, at once
-        self.quiet = 0  # checked fetches in turn that drew nothing
-        self.cost: float | None = None  # a fetch's seconds, smoothed
+        self.quiet = 0  # checked fetches that did not depend on the RNGs
 
-    def _took(self, t0: float) -> None:
-        spent = time.perf_counter() - t0
-        cost = self.cost
-        self.cost = spent if cost is None else 0.75 * cost + 0.25 * spent
+    def _unseeded(self, dataset: Any, index: int) -> Any:
+        """Fetch at once, unseeded; ``_FAILED`` where the fetch must be made again, seeded."""
+        with self.lock.shared():
+            if not self.free:
+                return _FAILED
+            before = rng.fingerprint()
+            try:
+                out = dataset[index]
+            except Exception:
+                if rng.fingerprint() == before:
+                    raise  # as a seeded fetch would have: the RNGs were no part of it
+                out = _FAILED
+            if out is not _FAILED and rng.fingerprint() == before:
+                return out
+            self.free, self.draws = False, True
+            return _FAILED
 
     def __call__(self, dataset: Any, index: int, seed: int) -> Any:
-        again = False  # an unseeded fetch was not used: this one is seeded, in turn
-        while True:
-            if self.free and not again:
-                with self.lock.shared():
-                    if self.free:
-                        before = rng.fingerprint()
-                        t0 = time.perf_counter()
-                        try:
-                            out = dataset[index]
-                        except Exception:
-                            out = _FAILED  # fetched again, seeded: it raises as it would then
-                        self._took(t0)
-                        if out is not _FAILED and rng.fingerprint() == before:
-                            if (self.cost or 0.0) < FREE_MIN_S / 2:
-                                self.free = False  # grown cheap: in turn again, and checked
-                            return out
-                        if out is not _FAILED:
-                            self.free, self.draws = False, True
-                        again = True
-            with self.lock:
-                if self.free and not again:
-                    continue  # switched while this thread waited its turn
-                rng.seed_all(seed)
-                cost = self.cost
-                t0 = time.perf_counter()
-                if again or self.draws or cost is not None and cost < FREE_MIN_S:
-                    out = dataset[index]
-                    self._took(t0)
-                    return out
-                before = rng.fingerprint()
-                out = dataset[index]
-                self._took(t0)
-                if rng.fingerprint() != before:
-                    self.draws = True
-                else:
-                    self.quiet += 1
-                    if self.quiet >= FREE_AFTER and (self.cost or 0.0) >= FREE_MIN_S:
-                        self.free = True
+        if self.free:
+            out = self._unseeded(dataset, index)
+            if out is not _FAILED:
                 return out
+        elif not self.lock.take(unless=lambda: self.free):
+            return self(dataset, index, seed)  # switched while this thread waited its turn
+        else:
+            self.lock.__exit__()
+            return self._in_turn(dataset, index, seed)
+        return self._in_turn(dataset, index, seed, check=False)
+
+    def _in_turn(self, dataset: Any, index: int, seed: int, check: bool = True) -> Any:
+        with self.lock:
+            rng.seed_all(seed)
+            if not check or self.draws or self.free:
+                return dataset[index]
+            before = rng.fingerprint()
+            out = dataset[index]
+            if rng.fingerprint() != before:
+                self.draws = True
+                return out
+            rng.seed_all(seed ^ _FLIP)
+            try:
+                again = dataset[index]
+            except Exception:
+                again = _FAILED
+            if again is _FAILED or not _same(out, again):
+                self.draws = True
+                return out
+            self.quiet += 1
+            if self.quiet >= FREE_AFTER:
+                self.free = True
+            return out
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Are two samples equal, leaf by leaf? (False where that cannot be told: NaN, objects
+    without equality.)"""
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, (list, tuple)):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    torch = _torch.loaded()
+    try:
+        if torch is not None and isinstance(a, torch.Tensor):
+            return a.dtype == b.dtype and a.shape == b.shape and bool(torch.equal(a, b))
+        if hasattr(a, "__array__") and not isinstance(a, (str, bytes)):
+            import numpy as np
+
+            x, y = np.asarray(a), np.asarray(b)
+            return x.dtype == y.dtype and x.shape == y.shape and bool(np.array_equal(x, y))
+        return bool(a == b)
+    except Exception:
+        return False
 
 
 _FAILED = object()
@@ -434,7 +475,7 @@ class Fetcher:
                       and spec.seed is None and spec.on_error != "skip")
         # threads of one process share the global RNGs: seeding must hold a lock
         self.lock = rng_lock if (shared_rng or spec.fetch_threads > 1) and spec.seed is not None else None
-        self.seeded = SeededFetch(rng_lock)
+        self.seeded = SeededFetch(rng_lock) if worker_id is not None else None
         self.cpu_clock = cpu_clock or time.thread_time
         self.runs = 0
         # a worker reports CPU time over spans of batches, idle time included: with fetch threads
@@ -479,7 +520,11 @@ class Fetcher:
         if self.lock is None:
             rng.seed_all(rng.sample_seed(seed, epoch, index))
             return self.dataset[index]
-        return self.seeded(self.dataset, index, rng.sample_seed(seed, epoch, index))
+        if self.seeded is not None:
+            return self.seeded(self.dataset, index, rng.sample_seed(seed, epoch, index))
+        with self.lock:
+            rng.seed_all(rng.sample_seed(seed, epoch, index))
+            return self.dataset[index]
 
     def _guarded(self, index: int, epoch: int) -> Any:
         try:
