@@ -407,6 +407,9 @@ BAD: dict[str, Callable[[], dict[str, Any]]] = {
     "iterable_shuffle": lambda: {"dataset": Stream(), "shuffle": True},
     "iterable_sampler": lambda: {"dataset": Stream(), "sampler": [0, 1]},
     "iterable_batch_sampler": lambda: {"dataset": Stream(), "batch_sampler": [[0, 1]]},
+    # torch's own test_invalid_ctor_args_combinations: a stream refuses any sampler first
+    "iterable_sampler_int": lambda: {"dataset": Stream(), "sampler": 3},
+    "iterable_batch_sampler_int": lambda: {"dataset": Stream(), "batch_sampler": 3},
 }
 
 

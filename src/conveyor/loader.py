@@ -288,7 +288,9 @@ class DataLoader(Generic[T]):
             if fn is not None and not callable(fn):
                 raise TypeError(f"{name} should be callable, but got {name}={fn!r:.100}")
         for name, order in (("sampler", sampler), ("batch_sampler", batch_sampler)):
-            if order is not None and not (hasattr(order, "__iter__") or hasattr(order, "__getitem__")):
+            # (a stream refuses any sampler, with torch's ValueError, below)
+            if (order is not None and not (hasattr(order, "__iter__") or hasattr(order, "__getitem__"))
+                    and not _is_iterable_dataset(dataset)):
                 raise TypeError(f"{name} should be an iterable of indices (a Sampler, a list), "
                                 f"but got {name}={order!r:.100}")
         if not any(hasattr(dataset, m) for m in ("__getitem__", "__getitems__", "__iter__")):
