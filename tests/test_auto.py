@@ -236,8 +236,9 @@ def test_a_first_batch_that_copies_memory_does_not_fork_the_workers(monkeypatch:
 
     ds = InMemory()
     with DataLoader(ds, batch_size=32, num_workers=2, output="numpy") as loader:
-        sums = [int(b.sum()) for b in loader]
+        batches = list(loader)  # a loop that only iterates (summing each would be a step to hide copies behind)
         stats = loader.stats()
+    sums = [int(b.sum()) for b in batches]
     assert sums == [32 * 512 * 1024] * 3
     assert not stats["workers_started"]
     assert stats["main_process_batches"] == 3

@@ -1148,8 +1148,9 @@ class _Pool:
         self.probe_cpu = 0.0  # CPU seconds of the last probing batch
         self.inline_rates: list[float] = []  # bytes per second of the main-process batches
         self.copying = False  # main-process batches are made at memory-copy speed, the step hiding none
-        self.steps_seen: list[float] = []  # the training loop's time between main-process batches
-        self.made: tuple[int, float] | None = None  # (inline_batches, end) of the last one timed
+        self.steps_seen: list[float] = []  # the training loop's time before main-process batches
+        self.loop_stats = loader._stats  # when the loop was last handed a batch
+        self.asked_at = 0.0  # when fetch_here began
         self.on_early: Callable[[], None] | None = None  # the run's dispatch, for _start_early
         self.inline_batches = 0
         self.launched = False  # workers were started at some point
@@ -1343,6 +1344,7 @@ class _Pool:
 
     def fetch_here(self, task: Task) -> Result:
         """Run ``task`` in the main process, timing it for the workers-or-not decision."""
+        self.asked_at = time.perf_counter()
         local = self.local_fetcher()
         if self.mode == "probe" and self.spec.seed is None:
             return self._probe(local, task)
@@ -1528,11 +1530,10 @@ class _Pool:
         rates.append(rate)
         if len(rates) > 16:
             del rates[0]
-        now = time.perf_counter()
-        made, self.made = self.made, (self.inline_batches, now)
-        if made is not None and made[0] == self.inline_batches - 1:
+        handed = self.loop_stats.last_handed
+        if handed is not None and handed < self.asked_at:
             steps = self.steps_seen
-            steps.append(now - cost - made[1])  # from handing out the last one to starting this one
+            steps.append(self.asked_at - handed)  # from handing out the last batch to asking for this one
             if len(steps) > 4:
                 del steps[0]
         # page faults of new memory and preemption only ever slow a batch down: the faster of
