@@ -672,6 +672,7 @@ class DataLoader(Generic[T]):
         snap["main_process_batches"] = pool.inline_batches if pool is not None else 0
         snap["workers_started"] = bool(pool is not None and pool.launched)
         snap["iterable"] = self._iterable  # (report: a stream's worker reads one iterator, no fetch threads)
+        snap["in_order"] = self.in_order
         if pool is not None:
             # workers that started count, also while the pool still probes (a short epoch of
             # thread workers read as num_workers=0, and report() advised what was set already)
@@ -2118,7 +2119,7 @@ class _Run(Generic[T]):
         """The user's batch from a result, or None when there is nothing to hand out."""
         self.out_seq = r.seq
         self.out_worker = r.worker
-        if r.start:
+        if r.start and not r.exhausted:  # (a stream's end is no batch: its worker's mean would shrink)
             self.stats.result(r.worker, r.start, r.fetched, r.end, cpu=r.cpu, nbytes=r.nbytes, rss=r.rss,
                               cpu_span=r.cpu_span, work=r.work)
         if r.exhausted:

@@ -34,6 +34,13 @@ def _mean_batch(snap: dict[str, Any]) -> tuple[float, float | None]:
     """Mean wall seconds a worker spends per batch, and the share of a fetch spent on CPU (None:
     not reported). A worker's ``fetch_threads`` split a batch between them: a fetch takes
     about mean x threads of wall time."""
+    mean, cpu = _per_batch(snap)
+    threads = max(1, int(snap.get("fetch_threads", 1) or 1))
+    return mean, (min(1.0, cpu / (mean * threads)) if cpu is not None and mean > 0 else None)
+
+
+def _per_batch(snap: dict[str, Any]) -> tuple[float, float | None]:
+    """A worker's mean wall and CPU seconds per batch (CPU: None where not reported)."""
     n = busy = cpu = 0.0
     cpu_n = 0
     for w in snap.get("workers", {}).values():
@@ -44,10 +51,60 @@ def _mean_batch(snap: dict[str, Any]) -> tuple[float, float | None]:
             cpu_n += w.get("cpu_batches", w.get("batches", 0))
     if not n:
         return 0.0, None
-    mean = busy / n
-    threads = max(1, int(snap.get("fetch_threads", 1) or 1))
-    ratio = min(1.0, (cpu / cpu_n) / (mean * threads)) if cpu_n and mean > 0 else None
-    return mean, ratio
+    return busy / n, (cpu / cpu_n if cpu_n else None)
+
+
+def _core_busy(snap: dict[str, Any]) -> float | None:
+    """The share of one core a worker keeps busy while it makes batches (None: not reported).
+    Fetch threads that hold the GIL take turns: each fetch then computes a 1/threads share
+    of its time, yet the core is full and more threads cannot help (each report asked for
+    twice the threads, 1.50 s -> 1.57 s an epoch, from 1 to 8)."""
+    mean, cpu = _per_batch(snap)
+    return min(1.0, cpu / mean) if cpu is not None and mean > 0 else None
+
+
+def _collate_share(snap: dict[str, Any]) -> float:
+    """The share of the workers' time spent in collate_fn (0 where not reported)."""
+    busy = collate = 0.0
+    for k, w in snap.get("workers", {}).items():
+        if int(k) >= 0:
+            busy += w.get("busy_s", 0.0)
+            collate += w.get("collate_s", 0.0)
+    return collate / busy if busy > 0 else 0.0
+
+
+def _uneven(snap: dict[str, Any]) -> str | None:
+    """Is one worker busy most of the time and another far less? (An IterableDataset's shards
+    of 300 and 100 items: a third worker, advised for the mean, gained nothing; even shards
+    took 32% less.)"""
+    busy = {int(k): w.get("busy_fraction") for k, w in snap.get("workers", {}).items()
+            if int(k) >= 0 and w.get("busy_fraction") is not None and w.get("batches")}
+    if len(busy) < 2:
+        return None
+    top, low = max(busy, key=busy.__getitem__), min(busy, key=busy.__getitem__)
+    if busy[top] < 0.6 or busy[low] >= 0.6 * busy[top]:
+        return None
+    stream = " (an IterableDataset's shards of unequal length?)" if snap.get("iterable") else ""
+    return (f"the work is uneven: worker {top} was busy {_pct(busy[top])} of the time, worker {low} "
+            f"{_pct(busy[low])}{stream}, and the busiest sets the pace; even it out")
+
+
+def _why_slow_though_enough(snap: dict[str, Any], nw: int, mean: float) -> str:
+    """Why the loop waits though the workers should keep up on average: batches of uneven
+    cost, or (failing that) the hand-over."""
+    n = sq = 0.0
+    for k, w in snap.get("workers", {}).items():
+        b = w.get("batches", 0)
+        if int(k) >= 0 and b:
+            n += b
+            sq += b * (w.get("std_batch_s", 0.0) ** 2 + w.get("mean_batch_s", 0.0) ** 2)
+    std = math.sqrt(max(0.0, sq / n - mean * mean)) if n else 0.0
+    if std >= mean:
+        fix = ("raise prefetch_factor to have more in flight" if snap.get("in_order") is False else
+               "in_order=False hands out the batches that are ready first (or raise prefetch_factor)")
+        return (f"batches take {mean * 1e3:.1f} ms on average but unevenly (std {std * 1e3:.1f} ms), and in "
+                f"order a slow one holds back those behind it: {fix}")
+    return "the time goes to handing batches over; raise prefetch_factor"
 
 
 def workers_needed(snap: dict[str, Any]) -> int | None:
@@ -104,7 +161,13 @@ def report(snap: dict[str, Any], cores: int | None = None) -> str:
     need = workers_needed(snap)
     mean, ratio = _mean_batch(snap)
     threads = max(1, int(snap.get("fetch_threads", 1) or 1))
-    io_bound = ratio is not None and ratio < 0.5
+    core = _core_busy(snap)
+    # fetches that wait, in workers whose core has room for more of them
+    io_bound = ratio is not None and ratio < 0.5 and (core is None or core < 0.75)
+    collating = _collate_share(snap) >= 0.5
+    cheaper = (f"make the collate_fn cheaper (it takes {_pct(_collate_share(snap))} of a batch's time)"
+               if collating else "make each sample cheaper")
+    storage = ", or use fetch_threads if fetches wait on storage" if ratio is None else ""
     parts: list[str] = []
 
     if nw == 0 and wf >= HIDDEN and 0 < mean < HANDOFF:
@@ -112,7 +175,10 @@ def report(snap: dict[str, Any], cores: int | None = None) -> str:
                      "less than handing a batch over from a worker costs: num_workers=0 is right")
     elif wf >= BOTTLENECK:
         head = f"loading is the bottleneck: {_pct(wf)} of each step is spent waiting"
-        if need is None or need > 16 * max(cores, nw, 1):
+        uneven = _uneven(snap)
+        if uneven is not None:
+            parts.append(f"{head}; {uneven}")
+        elif need is None or need > 16 * max(cores, nw, 1):
             more = f" (up to num_workers={cores} can help)" if nw < cores else ""
             parts.append(f"{head}; the training loop takes (almost) no time between batches, so loading sets "
                          f"the pace{more}")
@@ -137,17 +203,17 @@ def report(snap: dict[str, Any], cores: int | None = None) -> str:
             if need <= cores:
                 parts.append(f"{head}; {_workers(need)} would hide it")
             elif nw >= cores:
-                parts.append(f"{head}; {_workers(need)} would hide it, but the {_workers(nw)} already have "
-                             f"every core free for workers ({_cores(cores)}; one more is left to the training "
-                             "loop): make each sample cheaper, or use fetch_threads if fetches wait on storage")
+                parts.append(f"{head}; {_workers(need)} would hide it, but {_workers(nw)} already "
+                             f"{'uses' if nw == 1 else 'use'} the {_cores(cores)} free for workers (one more is "
+                             f"left to the training loop): {cheaper}{storage}")
             else:
                 parts.append(f"{head}; {_workers(need)} would hide it, but only {_cores(cores)} free for "
-                             f"workers (one more is left to the training loop): use num_workers={cores}, and "
-                             "fetch_threads if fetches wait on storage, or make each sample cheaper")
+                             f"workers (one more is left to the training loop): use num_workers={cores}, "
+                             f"and {cheaper}{storage}")
         else:
-            parts.append(f"{head}, though {nw} workers should keep up (each batch takes "
+            parts.append(f"{head}, though {_workers(nw)} should keep up (each batch takes "
                          f"{mean * 1e3:.1f} ms, a step {float(snap.get('step_per_batch_s') or 0) * 1e3:.1f} ms): "
-                         "the time goes to handing batches over; raise prefetch_factor or batch_size")
+                         + _why_slow_though_enough(snap, nw, mean))
     elif wf >= HIDDEN:
         extra = f"; {_workers(need)} would hide the rest" if need is not None and need > nw else ""
         parts.append(f"loading is mostly hidden: the consumer waited {_pct(wf)} of the time{extra}")
@@ -156,7 +222,7 @@ def report(snap: dict[str, Any], cores: int | None = None) -> str:
                 if int(k) >= 0 and w.get("busy_fraction") is not None]
         if nw > 1 and need is not None and need < nw:
             util = f" ({_pct(sum(busy) / len(busy))} busy)" if busy else ""
-            parts.append(f"workers are idle{util}; {need} would do")
+            parts.append(f"workers are idle{util}; {_workers(need)} would do")
         elif nw == 0:
             parts.append(f"loading is cheap: the consumer waited {_pct(wf)} of the time; num_workers=0 is fine")
         else:
