@@ -41,14 +41,17 @@ def test_help_explains_both_commands(tmp_path: Path) -> None:
             assert w in sub.stdout
 
 
-def test_parser_rejects_bad_lists() -> None:
+def test_parser_rejects_bad_lists(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
         cli.main(["demo", "--workers", "0,x"])
-    for bad in (["--repeats", "0"], ["--epochs", "0"]):
+    # each with its own command's usage line (the top-level one named neither option)
+    for command, bad in ((["demo"], ["--repeats", "0"]), (["demo"], ["--epochs", "0"]),
+                         (["tune", "m:f", "--batch-size", "4"], ["--fetch-threads", "0"])):
+        capsys.readouterr()
         with pytest.raises(SystemExit):
-            cli.main(["demo", *bad])
-    with pytest.raises(SystemExit):
-        cli.main(["tune", "m:f", "--batch-size", "4", "--fetch-threads", "0"])
+            cli.main([*command, *bad])
+        err = capsys.readouterr().err
+        assert f"usage: conveyor {command[0]}" in err and bad[0] in err, err
 
 
 @pytest.mark.timeout(300)
@@ -151,6 +154,44 @@ def test_tune_refuses_bad_numbers_plainly(args: list[str], says: str) -> None:
 def test_tune_says_when_the_factory_gives_no_dataset() -> None:
     with pytest.raises(SystemExit, match=r"builtins:int\(\) returned a int, not a dataset"):
         cli.main(["tune", "builtins:int", "--batch-size", "4"])
+    # a string has __getitem__ and __len__, yet is no dataset
+    with pytest.raises(SystemExit, match=r"builtins:str\(\) returned a str, not a dataset"):
+        cli.main(["tune", "builtins:str", "--batch-size", "4"])
+
+
+@pytest.mark.timeout(120)
+def test_tune_says_which_setting_a_failing_dataset_failed_in(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "baddata.py").write_text("class Bad:\n    def __len__(self):\n        return 16\n"
+                                         "    def __getitem__(self, i):\n        raise KeyError(f'no row {i}')\n"
+                                         "def make():\n    return Bad()\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(SystemExit, match=r"loading failed at num_workers=0 fetch_threads=1 with KeyError: 'no row 0'"):
+        cli.main(["tune", "baddata:make", "--batch-size", "4", "--workers", "0", "--fetch-threads", "1",
+                  "--batches", "3", "--output", "numpy"])
+    assert "baddata.py" in capsys.readouterr().err  # the user's traceback, to find where it failed
+
+
+def test_demo_says_when_it_cannot_write_its_folder(tmp_path: Path) -> None:
+    taken = tmp_path / "a-file"
+    taken.write_text("")
+    with pytest.raises(SystemExit, match="cannot make the --out folder"):
+        cli.main(["demo", "--quick", "--out", str(taken)])
+
+
+def test_tune_notes_a_pick_at_the_edge_of_the_sweep(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "slowdata.py").write_text("import time\nimport numpy as np\n"
+                                          "class Slow:\n    def __len__(self):\n        return 64\n"
+                                          "    def __getitem__(self, i):\n        time.sleep(0.004)\n"
+                                          "        return np.full(2, i)\n"
+                                          "def make():\n    return Slow()\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    # 4 ms reads: 8 fetch threads beat 1 by far, whatever the machine
+    assert cli.main(["tune", "slowdata:make", "--batch-size", "8", "--workers", "0", "--fetch-threads", "1,8",
+                     "--batches", "6", "--output", "numpy"]) == 0
+    out = capsys.readouterr().out
+    assert "fetch_threads=8" in out and "the pick is the largest --fetch-threads swept" in out, out
 
 
 def test_tune_says_when_the_factory_fails(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
@@ -226,3 +267,15 @@ def test_demo_settings_take_their_runs_in_turn() -> None:
     assert order == ["a", "b"] * 3
     assert [len(seconds) for _, seconds in results] == [3, 3]
     assert all(best[0]["samples"] == 2 for best, _ in results)
+
+
+def test_tune_interrupted_says_so_without_a_traceback(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "ctrlc.py").write_text("class Stop:\n    def __len__(self):\n        return 16\n"
+                                       "    def __getitem__(self, i):\n        raise KeyboardInterrupt\n"
+                                       "def make():\n    return Stop()\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert cli.main(["tune", "ctrlc:make", "--batch-size", "4", "--workers", "0", "--fetch-threads", "1",
+                     "--batches", "3", "--output", "numpy"]) == 130
+    err = capsys.readouterr().err
+    assert "conveyor tune: interrupted" in err and "Traceback" not in err

@@ -179,6 +179,23 @@ def _ints(text: str) -> list[int]:
     return values
 
 
+def _positive_ints(text: str) -> list[int]:
+    values = _ints(text)
+    if 0 in values:
+        raise argparse.ArgumentTypeError(f"expected integers of at least 1, got {text!r}")
+    return values
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer of at least 1, got {value}")
+    return value
+
+
 def _stack(items: Sequence[Any]) -> Any:
     torch = _torch.get()
     assert torch is not None
@@ -255,7 +272,11 @@ def demo(args: argparse.Namespace) -> int:
     repeats = args.repeats if args.repeats is not None else (1 if args.quick else 2)
     workers = args.workers if args.workers is not None else ([0, 1] if args.quick else [0, 1, 2, 4])
     out_dir = Path(args.out)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise SystemExit(f"conveyor demo: cannot make the --out folder {str(out_dir)!r}: "
+                         f"{exc.strerror or exc}") from None
     ds = Diabetes(tensors=has_torch)
     output = "torch" if has_torch else "numpy"
     make_step = _torch_step if has_torch else _numpy_step
@@ -377,7 +398,8 @@ def tune(args: argparse.Namespace) -> int:
         traceback.print_exc()  # the user's code: where it failed is theirs to see
         raise SystemExit(f"conveyor tune: calling {args.factory}() failed with {type(exc).__name__}: {exc} "
                          "(FACTORY is called with no arguments and returns the dataset)") from None
-    if not (hasattr(dataset, "__getitem__") or hasattr(dataset, "__iter__")):
+    if isinstance(dataset, (str, bytes, bytearray)) or not (hasattr(dataset, "__getitem__")
+                                                            or hasattr(dataset, "__iter__")):
         raise SystemExit(f"conveyor tune: {args.factory}() returned a {type(dataset).__name__}, not a dataset "
                          "(an object with __getitem__ and __len__, or an iterable)")
     if _is_iterable_dataset(dataset):
@@ -430,6 +452,13 @@ def tune(args: argparse.Namespace) -> int:
                                 break
                         if not progressed:
                             raise SystemExit("conveyor tune: the dataset gave no batches")
+                except Exception as exc:
+                    if bar is not None:
+                        bar.close()
+                        bar = None
+                    traceback.print_exc()  # the user's code: where it failed is theirs to see
+                    raise SystemExit(f"conveyor tune: loading failed at num_workers={w} fetch_threads={t} with "
+                                     f"{type(exc).__name__}: {exc}") from None
                 finally:
                     loader.close()
                 seconds = last  # to the last batch's step: closing the loader is not loading
@@ -461,6 +490,17 @@ def tune(args: argparse.Namespace) -> int:
     print()
     print("    from conveyor import DataLoader")
     print(f"    loader = DataLoader(dataset, {', '.join(kwargs)})")
+    from .tuning import usable_cores
+
+    cores = usable_cores()
+    if pick["workers"] > cores:
+        print(f"\nnote: num_workers={pick['workers']} is more than the {cores} usable cores (the loader warns of "
+              "that): the fetches wait rather than compute; fewer workers with more fetch_threads may do as well")
+    edge = [flag for flag, key, swept in (("--workers", "workers", args.workers),
+                                           ("--fetch-threads", "threads", args.fetch_threads))
+            if len(set(swept)) > 1 and pick[key] == max(swept)]
+    if edge:
+        print(f"\nnote: the pick is the largest {' and '.join(edge)} swept: larger values may be faster still")
     return 0
 
 
@@ -502,9 +542,9 @@ def parser() -> argparse.ArgumentParser:
                                    "data with torch's DataLoader and conveyor at each worker count.")
     d.add_argument("--workers", type=_ints, default=None, metavar="N,N,...",
                    help="worker counts to compare (default 0,1,2,4; 0,1 with --quick)")
-    d.add_argument("--epochs", type=int, default=None, help="epochs per run (default 10, 1 with --quick)")
+    d.add_argument("--epochs", type=_positive, default=None, help="epochs per run (default 10, 1 with --quick)")
     d.add_argument("--out", default="conveyor-demo", help="folder for trace.json and the plots (default ./conveyor-demo)")
-    d.add_argument("--repeats", type=int, default=None,
+    d.add_argument("--repeats", type=_positive, default=None,
                    help="runs per setting, the fastest reported (default 2, 1 with --quick)")
     d.add_argument("--quick", action="store_true", help="a fast smoke run")
     d.set_defaults(run=demo)
@@ -514,7 +554,7 @@ def parser() -> argparse.ArgumentParser:
     t.add_argument("factory", metavar="MODULE:FACTORY", help="e.g. mydata:make_dataset (imported from the cwd)")
     t.add_argument("--batch-size", type=int, required=True)
     t.add_argument("--workers", type=_ints, default=[0, 1, 2, 4], metavar="N,N,...", help="default 0,1,2,4")
-    t.add_argument("--fetch-threads", type=_ints, default=[1, 8], metavar="N,N,...", help="default 1,8")
+    t.add_argument("--fetch-threads", type=_positive_ints, default=[1, 8], metavar="N,N,...", help="default 1,8")
     t.add_argument("--batches", type=int, default=50, help="batches timed per setting (default 50)")
     t.add_argument("--step-ms", type=float, default=0.0,
                    help="sleep this long after each batch, standing in for a training step (default 0)")
@@ -535,13 +575,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if getattr(args, "run", None) is None:
         p.print_help()
         return 2
-    if getattr(args, "fetch_threads", None) is not None and 0 in args.fetch_threads:
-        p.error("--fetch-threads values must be at least 1")
-    for name in ("repeats", "epochs"):
-        value = getattr(args, name, None)
-        if value is not None and value < 1:
-            p.error(f"--{name} must be at least 1, got {value}")
-    return int(args.run(args))
+    try:
+        return int(args.run(args))
+    except KeyboardInterrupt:
+        print(f"conveyor {args.command}: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":  # pragma: no cover
