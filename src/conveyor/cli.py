@@ -265,6 +265,24 @@ def _sweep(ds: Diabetes, workers: list[int], epochs: int, output: str, make_step
 
 # -- conveyor demo ----------------------------------------------------------------
 def demo(args: argparse.Namespace) -> int:
+    """The demo, with the model's torch on ``--torch-threads`` intra-op threads (then put back).
+
+    torch's default is a thread per core, which on few cores spin against the loaders'
+    worker processes: on 2 cores the rounds of one setting ran 2.03 and 4.21 s, the training
+    step swamping any difference in loading (the benchmarks pin one thread for the same
+    reason). With one thread every round took ~0.1 s."""
+    if not _torch.available():
+        return _demo(args)
+    torch = _torch.get()
+    before = torch.get_num_threads()
+    torch.set_num_threads(args.torch_threads)
+    try:
+        return _demo(args)
+    finally:
+        torch.set_num_threads(before)
+
+
+def _demo(args: argparse.Namespace) -> int:
     from .loader import DataLoader
 
     has_torch = _torch.available()
@@ -282,7 +300,10 @@ def demo(args: argparse.Namespace) -> int:
     make_step = _torch_step if has_torch else _numpy_step
     print(f"conveyor demo: the seed's diabetes experiment on built-in data ({len(ds)} x {FEATURES} float32 + label), "
           f"batch {BATCH}, shuffle, 8-6-4-1 sigmoid MLP, BCELoss, SGD lr {LR}, {epochs} epoch(s)")
-    if not has_torch:
+    if has_torch:
+        print(f"the model runs on {args.torch_threads} torch intra-op thread(s) (--torch-threads; torch's default, "
+              "one per core, competes with the workers for the cores)")
+    else:
         print("note: torch is not installed: conveyor runs with output='numpy' and a numpy MLP; "
               "the torch DataLoader comparison is skipped (pip install 'conveyor[torch]')")
     warm = make_step()  # the first backward pass pays one-off set-up: keep it out of every timing
@@ -547,6 +568,9 @@ def parser() -> argparse.ArgumentParser:
     d.add_argument("--repeats", type=_positive, default=None,
                    help="runs per setting, the fastest reported (default 2, 1 with --quick)")
     d.add_argument("--quick", action="store_true", help="a fast smoke run")
+    d.add_argument("--torch-threads", type=_positive, default=1,
+                   help="torch intra-op threads for the model (default 1: torch's one per core spin against the "
+                        "workers, and the training step's noise swamps the loaders')")
     d.set_defaults(run=demo)
     t = sub.add_parser("tune", help="find the fastest settings for your own dataset",
                        description="Import MODULE, call FACTORY() for a dataset, and time conveyor's DataLoader "
