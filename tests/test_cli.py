@@ -28,6 +28,22 @@ def conveyor(*args: str, cwd: Path, timeout: float) -> subprocess.CompletedProce
                           text=True, timeout=timeout)
 
 
+def user_dataset(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str, getitem: str, *, n: int = 16,
+                 imports: str = "") -> None:
+    """A module ``name`` whose ``make()`` returns a dataset of ``n`` items, ``__getitem__(i)``
+    running the lines ``getitem``."""
+    body = textwrap.indent(textwrap.dedent(getitem).strip(), " " * 8)
+    (tmp_path / f"{name}.py").write_text(f"{imports}\nclass Data:\n    def __len__(self):\n        return {n}\n\n"
+                                         f"    def __getitem__(self, i):\n{body}\n\n\ndef make():\n    return Data()\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+
+
+def tune_numpy(factory: str, *args: str) -> int:
+    """``conveyor tune`` over 0 workers and 1 thread unless ``args`` say otherwise, 3 batches."""
+    return cli.main(["tune", factory, "--batch-size", "4", "--workers", "0", "--fetch-threads", "1",
+                     "--batches", "3", "--output", "numpy", *args])
+
+
 @pytest.mark.timeout(60)
 def test_help_explains_both_commands(tmp_path: Path) -> None:
     out = conveyor("--help", cwd=tmp_path, timeout=50)
@@ -162,13 +178,9 @@ def test_tune_says_when_the_factory_gives_no_dataset() -> None:
 @pytest.mark.timeout(120)
 def test_tune_says_which_setting_a_failing_dataset_failed_in(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                             capsys: pytest.CaptureFixture[str]) -> None:
-    (tmp_path / "baddata.py").write_text("class Bad:\n    def __len__(self):\n        return 16\n"
-                                         "    def __getitem__(self, i):\n        raise KeyError(f'no row {i}')\n"
-                                         "def make():\n    return Bad()\n")
-    monkeypatch.syspath_prepend(str(tmp_path))
+    user_dataset(tmp_path, monkeypatch, "baddata", "raise KeyError(f'no row {i}')")
     with pytest.raises(SystemExit, match=r"loading failed at num_workers=0 fetch_threads=1 with KeyError: 'no row 0'"):
-        cli.main(["tune", "baddata:make", "--batch-size", "4", "--workers", "0", "--fetch-threads", "1",
-                  "--batches", "3", "--output", "numpy"])
+        tune_numpy("baddata:make")
     assert "baddata.py" in capsys.readouterr().err  # the user's traceback, to find where it failed
 
 
@@ -181,15 +193,10 @@ def test_demo_says_when_it_cannot_write_its_folder(tmp_path: Path) -> None:
 
 def test_tune_notes_a_pick_at_the_edge_of_the_sweep(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                      capsys: pytest.CaptureFixture[str]) -> None:
-    (tmp_path / "slowdata.py").write_text("import time\nimport numpy as np\n"
-                                          "class Slow:\n    def __len__(self):\n        return 64\n"
-                                          "    def __getitem__(self, i):\n        time.sleep(0.004)\n"
-                                          "        return np.full(2, i)\n"
-                                          "def make():\n    return Slow()\n")
-    monkeypatch.syspath_prepend(str(tmp_path))
+    user_dataset(tmp_path, monkeypatch, "slowdata", "time.sleep(0.004)\nreturn np.full(2, i)", n=64,
+                 imports="import time\nimport numpy as np")
     # 4 ms reads: 8 fetch threads beat 1 by far, whatever the machine
-    assert cli.main(["tune", "slowdata:make", "--batch-size", "8", "--workers", "0", "--fetch-threads", "1,8",
-                     "--batches", "6", "--output", "numpy"]) == 0
+    assert tune_numpy("slowdata:make", "--batch-size", "8", "--fetch-threads", "1,8", "--batches", "6") == 0
     out = capsys.readouterr().out
     assert "fetch_threads=8" in out and "the pick is the largest --fetch-threads swept" in out, out
 
@@ -271,11 +278,7 @@ def test_demo_settings_take_their_runs_in_turn() -> None:
 
 def test_tune_interrupted_says_so_without_a_traceback(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                       capsys: pytest.CaptureFixture[str]) -> None:
-    (tmp_path / "ctrlc.py").write_text("class Stop:\n    def __len__(self):\n        return 16\n"
-                                       "    def __getitem__(self, i):\n        raise KeyboardInterrupt\n"
-                                       "def make():\n    return Stop()\n")
-    monkeypatch.syspath_prepend(str(tmp_path))
-    assert cli.main(["tune", "ctrlc:make", "--batch-size", "4", "--workers", "0", "--fetch-threads", "1",
-                     "--batches", "3", "--output", "numpy"]) == 130
+    user_dataset(tmp_path, monkeypatch, "ctrlc", "raise KeyboardInterrupt")
+    assert tune_numpy("ctrlc:make") == 130
     err = capsys.readouterr().err
     assert "conveyor tune: interrupted" in err and "Traceback" not in err
