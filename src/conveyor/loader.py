@@ -2150,7 +2150,12 @@ class _Run(Generic[T]):
         n = _batch_size(self.loader, r)
         if r.skipped:
             # the batch's samples count as seen before the failures are weighed against them
-            self._count_failures(list(r.skipped), samples=n, failed=len(r.skipped))
+            try:
+                self._count_failures(list(r.skipped), samples=n, failed=len(r.skipped))
+            except TooManyFailures:
+                if r.worker >= 0:
+                    self.ex.release(r)  # not handed out: its slot goes back (a persistent pool lost it for good)
+                raise
             n -= len(r.skipped)
         else:
             self.samples_seen += n
@@ -2187,7 +2192,13 @@ class _Run(Generic[T]):
                 f"{self.failed} of {seen} samples failed so far this epoch ({summary}), more than "
                 f"max_failures={limit!r} allows under on_error='skip'. The epoch's first failure is chained "
                 "below.", list(self.stats.failures))
-            raise err from rebuild(first)
+            try:
+                raise err from rebuild(first)
+            finally:
+                # the exception would hold this frame, and the frame it: a cycle that kept the
+                # epoch's workers, pipes and slots until a full collection, for a loop that
+                # catches it and goes on (15 epochs: 30 processes, 171 fds, 81 segments)
+                del err
 
     # -- dispatch -----------------------------------------------------------
     def _fill(self, hold: int | None = None) -> None:
