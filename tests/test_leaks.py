@@ -596,7 +596,7 @@ def test_a_caught_too_many_failures_leaves_no_workers_or_slots_behind(persistent
     counts = []
     gc.disable()
     try:
-        for _ in range(6):
+        for _ in range(10):
             with pytest.raises(conveyor.TooManyFailures):
                 for _ in loader:
                     pass
@@ -607,4 +607,6 @@ def test_a_caught_too_many_failures_leaves_no_workers_or_slots_behind(persistent
     finally:
         gc.enable()
         loader.close()
-    assert counts[-1] <= counts[1], counts  # (the pool may add a slot or two in its first epochs)
+    # a pool adds a few slots to what its prefetch needs (at most 3 over these 10 epochs);
+    # a lost slot a failing epoch grew them by one an epoch, 9 over 10
+    assert counts[-1] - counts[0] <= len(counts) // 2, str(counts)
