@@ -281,3 +281,14 @@ def test_fetches_timed_by_threads_ahead_of_their_batch_count_not_the_batch_wall(
     assert "I/O-bound" in d.reason and "5.0 ms of fetching" in d.reason, d
     assert d.fetch_threads > 4, d
     assert d.prefetch_factor is not None and d.prefetch_factor >= d.fetch_threads, d
+
+
+def test_the_tuner_keeps_a_bounded_history() -> None:
+    # a window every few batches, kept for ever: 10,000 of them (3.45 MB) after 40k batches
+    tuner = Tuner(cpu=4, ram=None)
+    sim = Sim(Workload(0.002, 0.0, 0.01, 4), Decision(2, 1, 2))
+    with mock.patch.object(conveyor.tuning.time, "perf_counter", lambda: sim.clock):
+        for _ in range(conveyor.tuning.WINDOWS_KEPT + 50):
+            tuner.observe(sim.run(4))
+    assert len(tuner.windows) == conveyor.tuning.WINDOWS_KEPT
+    assert tuner.decision().num_workers >= 1

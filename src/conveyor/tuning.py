@@ -41,6 +41,8 @@ from typing import Any
 __all__ = ["Decision", "ThreadSteer", "Tuner", "cpu_budget", "ram_budget"]
 
 IO_BOUND = 0.5  # cpu/work below this: the fetch mostly waits
+# windows of observations kept: the model reads the last few, the I/O probe the early ones
+WINDOWS_KEPT = 256
 MAX_PREFETCH = 64  # batches in flight a worker: enough for one sample a batch and 64 threads
 SATURATED = 0.9  # a worker's core share above this: its threads keep the core busy
 MAX_THREADS = 64
@@ -331,6 +333,8 @@ class Tuner:
         measured = (wk1 - wk0) / (wn1 - wn0) if wn1 > wn0 else None
         self.windows.append(Window(dn, busy, math.sqrt(var), cpu, step, wait, lanes, workers, use, samples,
                                    measured))
+        if len(self.windows) > WINDOWS_KEPT:
+            del self.windows[0]  # a window every few batches for ever: 86 B a batch, unbounded
         self.seen += handed
         rss = [w.get("rss") for k, w in snap.get("workers", {}).items() if int(k) >= 0 and w.get("rss")]
         if rss:
