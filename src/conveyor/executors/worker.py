@@ -380,35 +380,37 @@ class SeededFetch:
             out = self._unseeded(dataset, index)
             if out is not _FAILED:
                 return out
-        elif not self.lock.take(unless=lambda: self.free):
+            with self.lock:
+                return self._in_turn(dataset, index, seed, check=False)
+        if not self.lock.take(unless=lambda: self.free):
             return self(dataset, index, seed)  # switched while this thread waited its turn
-        else:
+        try:
+            return self._in_turn(dataset, index, seed, check=True)
+        finally:
             self.lock.__exit__()
-            return self._in_turn(dataset, index, seed)
-        return self._in_turn(dataset, index, seed, check=False)
 
-    def _in_turn(self, dataset: Any, index: int, seed: int, check: bool = True) -> Any:
-        with self.lock:
-            rng.seed_all(seed)
-            if not check or self.draws or self.free:
-                return dataset[index]
-            before = rng.fingerprint()
-            out = dataset[index]
-            if rng.fingerprint() != before:
-                self.draws = True
-                return out
-            rng.seed_all(seed ^ _FLIP)
-            try:
-                again = dataset[index]
-            except Exception:
-                again = _FAILED
-            if again is _FAILED or not _same(out, again):
-                self.draws = True
-                return out
-            self.quiet += 1
-            if self.quiet >= FREE_AFTER:
-                self.free = True
+    def _in_turn(self, dataset: Any, index: int, seed: int, *, check: bool) -> Any:
+        """Seed and fetch, holding the lock whole; with ``check``, check the fetch (see above)."""
+        rng.seed_all(seed)
+        if not check or self.draws or self.free:
+            return dataset[index]
+        before = rng.fingerprint()
+        out = dataset[index]
+        if rng.fingerprint() != before:
+            self.draws = True
             return out
+        rng.seed_all(seed ^ _FLIP)
+        try:
+            again = dataset[index]
+        except Exception:
+            again = _FAILED
+        if again is _FAILED or not _same(out, again):
+            self.draws = True
+            return out
+        self.quiet += 1
+        if self.quiet >= FREE_AFTER:
+            self.free = True
+        return out
 
 
 def _same(a: Any, b: Any) -> bool:
