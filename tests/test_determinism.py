@@ -267,6 +267,29 @@ def test_adaptive_probing_of_a_drawing_dataset_matches_the_worker() -> None:
     assert torch.equal(after_want[0], after_got[0]) and after_want[1:] == after_got[1:]
 
 
+@pytest.mark.timeout(60)
+def test_later_epochs_of_a_drawing_dataset_make_no_batch_with_the_callers_rngs() -> None:
+    """No seed, adaptive, workers that do not persist: the first epoch's probe found the
+    workers worth it and the dataset drawing, so later epochs start the workers at once.
+    While they started, the main process made a batch with its own RNGs: torch's draws
+    differed from epoch 2 on, and so did the training loop's next one."""
+    ds = Noisy(48)
+    runs = []
+    for adaptive in (False, True):
+        torch.manual_seed(7)
+        random.seed(7)
+        np.random.seed(7)
+        with DataLoader(ds, batch_size=4, shuffle=True, num_workers=1, adaptive=adaptive) as loader:
+            epochs_got = []
+            for _ in range(3):
+                epochs_got.append([b.clone() for b in loader])
+                epochs_got.append([torch.rand(2)])  # the loop's own draw after the epoch
+        runs.append(epochs_got)
+    want, got = runs
+    for e in range(len(want)):
+        same_epochs(want[e], got[e])
+
+
 _LAZY_NUMPY_RANDOM = r"""
 import sys
 import numpy, torch

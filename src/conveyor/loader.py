@@ -422,6 +422,7 @@ class DataLoader(Generic[T]):
             if not attr.startswith("_"):
                 self.__dict__["_inline"] = None  # the next epoch's pool sees the new setting
                 self.__dict__["_workers_paid"][0] = False  # and probes again
+                self.__dict__["_draws_rngs"][0] = False
         super().__setattr__(attr, val)
 
     def _check_worker_count(self) -> None:
@@ -451,6 +452,9 @@ class DataLoader(Generic[T]):
         # an adaptive pool of this loader found its batches worth the workers: the next
         # epochs' pools (workers not persistent) start them at once instead of probing again
         self._workers_paid: list[bool] = [False]
+        # ... and found that the dataset draws from the global RNGs: those pools' main process
+        # makes no batch while the workers start (it would draw from the caller's RNGs)
+        self._draws_rngs: list[bool] = [False]
         self._slot_pinner = _pinner(self)
         self._device_stage: Any = None
         if self._device_args is not None:
@@ -1141,6 +1145,11 @@ class _Pool:
         # it would only take a core from them (3 MB samples, 2 workers on 2 cores: 1.03x
         # torch's time with that batch, 0.92-0.98 without)
         self.no_head_start = self.mode == "workers" and self.adaptive and self.num_workers >= _cores()
+        # ... nor where an earlier epoch's probe found the batches draw from the global RNGs:
+        # made here, the head start drew from the caller's RNGs, not the worker's seeded ones
+        # (torch's augmentations differed from epoch 2 on, and the training loop's next draw)
+        self.draws_rngs = loader._draws_rngs
+        self.no_head_start = self.no_head_start or (self.mode == "workers" and self.draws_rngs[0])
         # "auto" chooses the worker count itself, so there is no worker whose stream a probing
         # batch must match: it is made as num_workers=0 makes a batch, with the RNGs as they are
         self.probe_as_worker = not auto_workers
@@ -1403,6 +1412,7 @@ class _Pool:
         if before is not None and not after.same(before):
             self.rng_states[w] = after
             self.rng_sensitive = True
+            self.draws_rngs[0] = True
             self.spec = dataclasses.replace(self.spec, rng_states=dict(self.rng_states))
             if self.launched and hasattr(self.executor, "set_rng"):
                 self.executor.set_rng(w, after)  # started early, before this batch ended
