@@ -254,9 +254,7 @@ def test_adaptive_probing_of_a_drawing_dataset_matches_the_worker() -> None:
     ds = Noisy(12)
     runs = []
     for adaptive in (False, True):
-        torch.manual_seed(42)
-        random.seed(42)
-        np.random.seed(42)
+        conveyor.rng.seed_all(42, numpy_seed=42)  # the caller's RNGs, alike for both runs
         with DataLoader(ds, batch_size=3, num_workers=1, adaptive=adaptive) as loader:
             got = [b.clone() for b in loader]
             probed = loader.stats()["main_process_batches"]
@@ -276,9 +274,7 @@ def test_later_epochs_of_a_drawing_dataset_make_no_batch_with_the_callers_rngs()
     ds = Noisy(48)
     runs = []
     for adaptive in (False, True):
-        torch.manual_seed(7)
-        random.seed(7)
-        np.random.seed(7)
+        conveyor.rng.seed_all(7, numpy_seed=7)  # the caller's RNGs, alike for both runs
         with DataLoader(ds, batch_size=4, shuffle=True, num_workers=1, adaptive=adaptive) as loader:
             epochs_got = []
             for _ in range(3):
