@@ -164,9 +164,9 @@ def report(snap: dict[str, Any], cores: int | None = None) -> str:
     core = _core_busy(snap)
     # fetches that wait, in workers whose core has room for more of them
     io_bound = ratio is not None and ratio < 0.5 and (core is None or core < 0.75)
-    collating = _collate_share(snap) >= 0.5
-    cheaper = (f"make the collate_fn cheaper (it takes {_pct(_collate_share(snap))} of a batch's time)"
-               if collating else "make each sample cheaper")
+    collate = _collate_share(snap)
+    cheaper = (f"make the collate_fn cheaper (it takes {_pct(collate)} of a batch's time)"
+               if collate >= 0.5 else "make each sample cheaper")
     storage = ", or use fetch_threads if fetches wait on storage" if ratio is None else ""
     parts: list[str] = []
 
