@@ -764,6 +764,50 @@ def test_a_failed_spawn_leaves_multiprocessings_resource_tracker_alone(
     assert "tracker alive" in proc.stdout, proc.stdout + proc.stderr[-3000:]
 
 
+SPAWNED_EXIT = textwrap.dedent("""
+    import atexit, os, sys
+    import conveyor
+
+    OUT = sys.argv[1]
+
+    class Kept:
+        def __del__(self, _open=open, path=os.path.join(OUT, f"teardown{os.getpid()}")):
+            _open(path, "w").close()  # names bound now: a teardown has cleared the module's
+
+    def note_exit(pid):
+        open(os.path.join(OUT, f"atexit{pid}"), "w").close()
+
+    def init(worker_id):
+        globals()["kept"] = Kept()  # finalized only by an interpreter's teardown
+        atexit.register(note_exit, os.getpid())
+        sys.stdout.write(f"worker {worker_id} up;")  # no newline: still buffered at exit
+
+    if __name__ == "__main__":
+        loader = conveyor.DataLoader(list(range(8)), batch_size=2, num_workers=2, multiprocessing_context="spawn",
+                                     worker_init_fn=init, adaptive=False)
+        for epoch in range(2):
+            assert [b.tolist() for b in loader] == [[0, 1], [2, 3], [4, 5], [6, 7]]
+        print("DONE")
+""")
+
+
+@pytest.mark.timeout(120)
+def test_spawned_workers_leave_without_a_teardown_but_run_their_exit_handlers(
+        tmp_path: Path, script_env: dict[str, str]) -> None:
+    # a spawned worker ran sys.exit: the teardown of all it imported, ~0.5 s with torch,
+    # which close() waited for at the end of every epoch; it now ends as a forked one does
+    out = tmp_path / "out"
+    out.mkdir()
+    (tmp_path / "spawned_exit.py").write_text(SPAWNED_EXIT)
+    proc = subprocess.run([sys.executable, str(tmp_path / "spawned_exit.py"), str(out)], capture_output=True,
+                          text=True, env=script_env, timeout=100, cwd=tmp_path)
+    assert proc.returncode == 0 and "DONE" in proc.stdout, proc.stdout + proc.stderr[-3000:]
+    names = sorted(p.name for p in out.iterdir())
+    assert sum(n.startswith("atexit") for n in names) == 4, names  # 2 workers x 2 epochs: handlers ran
+    assert not any(n.startswith("teardown") for n in names), names  # no interpreter teardown
+    assert proc.stdout.count("up;") == 4, proc.stdout  # buffered output flushed
+
+
 TORCH_HALF_IMPORTED = textwrap.dedent("""
     import sys
     import threading

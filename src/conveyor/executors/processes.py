@@ -217,7 +217,8 @@ class ProcessExecutor:
         bell = Doorbell.make() if self.method == "fork" else None
         proc = self.ctx.Process(
             target=serve,
-            args=(self.spec, w, gen, task_r, res_w, self.parent_pid, self.prefix, private, bell),
+            args=(self.spec, w, gen, task_r, res_w, self.parent_pid, self.prefix, private, bell,
+                  self.method == "spawn"),
             name=f"conveyor-worker-{w}",
             daemon=True,
         )
