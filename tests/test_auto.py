@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 
 import numpy as np
@@ -773,3 +774,40 @@ def test_tuning_names_the_workers_that_run(monkeypatch: pytest.MonkeyPatch) -> N
         monkeypatch.setattr(pool.tuner, "decision", lambda: wish)
         assert sum(len(b) for b in it) == 248
         assert loader.tuning()["num_workers"] == loader.stats()["num_workers"] == 2
+
+
+class Pids:
+    """Samples of 1.5 ms of computing: ``[index, the pid that made it]``."""
+
+    def __len__(self) -> int:
+        return 16
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        end = time.perf_counter() + 0.0015
+        while time.perf_counter() < end:
+            pass
+        return np.array([i, os.getpid()])
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("workers,persistent", [(1, False), ("auto", False), (1, True)])
+def test_workers_that_cost_more_to_start_than_an_epoch_takes_are_not_started_again(
+        workers: object, persistent: bool) -> None:
+    # spawned workers import afresh (~1 s with torch): for an epoch the main process makes
+    # in 24 ms, every epoch paid that start-up again
+    me = os.getpid()
+    with DataLoader(Pids(), batch_size=2, num_workers=workers, multiprocessing_context="spawn",
+                    persistent_workers=persistent, output="numpy") as loader:
+        epochs = [np.concatenate(list(loader)) for _ in range(3)]
+        chosen = loader.tuning()
+    for got in epochs:
+        assert np.array_equal(got[:, 0], np.arange(16))
+    makers = [set(got[:, 1].tolist()) for got in epochs]
+    assert makers[0] != {me}, makers  # the first epoch's workers made batches: timed
+    if persistent:  # started once, for every epoch
+        assert makers[1] != {me} and makers[2] != {me}, makers
+    else:
+        assert makers[1] == makers[2] == {me}, makers
+    if workers == "auto":
+        assert chosen is not None and chosen["num_workers"] == 0, chosen
+        assert "starting and stopping the workers takes" in chosen["reason"], chosen

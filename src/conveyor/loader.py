@@ -421,8 +421,7 @@ class DataLoader(Generic[T]):
                     super().__setattr__("_seed_of_generator", False)
             if not attr.startswith("_"):
                 self.__dict__["_inline"] = None  # the next epoch's pool sees the new setting
-                self.__dict__["_workers_paid"][0] = False  # and probes again
-                self.__dict__["_draws_rngs"][0] = False
+                self.__dict__["_findings"].forget()  # and probes again
         super().__setattr__(attr, val)
 
     def _check_worker_count(self) -> None:
@@ -449,12 +448,7 @@ class DataLoader(Generic[T]):
         # it opens since are made private to each forked worker: executors/inherit.py)
         self._fd_mark: list[dict[int, tuple[int, int]] | None] = []
         self._forked: list[bool] = []  # a pool of this loader has started process workers
-        # an adaptive pool of this loader found its batches worth the workers: the next
-        # epochs' pools (workers not persistent) start them at once instead of probing again
-        self._workers_paid: list[bool] = [False]
-        # ... and found that the dataset draws from the global RNGs: those pools' main process
-        # makes no batch while the workers start (it would draw from the caller's RNGs)
-        self._draws_rngs: list[bool] = [False]
+        self._findings = _Findings()  # what adaptive pools found, for the next epochs' pools
         self._slot_pinner = _pinner(self)
         self._device_stage: Any = None
         if self._device_args is not None:
@@ -965,6 +959,30 @@ def _trip_s(batch: Any, output: str) -> float:
     return best
 
 
+@dataclasses.dataclass
+class _Findings:
+    """What a loader's adaptive pools found out, for the pools of its later epochs (workers
+    that do not persist are new every epoch). Forgotten when a setting changes."""
+
+    # the batches were worth the workers: later pools start them at once instead of probing
+    workers_paid: bool = False
+    # the dataset draws from the global RNGs: while later pools' workers start, the main
+    # process makes no batch (it would draw from the caller's RNGs)
+    draws_rngs: bool = False
+    batch_s: float | None = None  # what a batch costs the main process, as probing found
+    start_s: float | None = None  # from starting the workers to their first batch back
+    stop_s: float | None = None  # closing them
+
+    def forget(self) -> None:
+        self.__init__()  # type: ignore[misc]
+
+    def workers_s(self) -> float | None:
+        """What starting and stopping the workers costs, once both were timed."""
+        if self.start_s is None or self.stop_s is None:
+            return None
+        return self.start_s + self.stop_s
+
+
 class _Slices:
     """Batches of indices as slices of the sampler's whole order (one array per epoch).
 
@@ -1057,6 +1075,12 @@ def _runqueue_wait() -> float | None:
         os.close(fd)
 
 
+def _start_words(findings: _Findings, cost: float, batches: int) -> str:
+    """Why workers that do not persist are not worth starting, in words."""
+    return (f"starting and stopping the workers takes {findings.workers_s() or 0.0:.2f} s an epoch, more than "
+            f"the epoch's {batches} batches take in the main process ({cost * batches:.2f} s)")
+
+
 def _typical(costs: list[float]) -> float:
     """What a main-process batch costs: a low quantile, since a busy machine preempts some
     batches, which says nothing of their cost."""
@@ -1135,12 +1159,22 @@ class _Pool:
         self.adaptive = auto_workers or (loader.adaptive and self.num_workers > 0 and not loader._iterable
                                          and loader.worker_init_fn is None and not self.timed)
         self.mode = "probe" if self.adaptive else "workers"
-        self.workers_paid = loader._workers_paid
-        if self.adaptive and not auto_workers and self.workers_paid[0]:
+        self.findings = loader._findings
+        self.persistent = loader.persistent_workers
+        self.epoch_batches: int | None = None  # batches an epoch, where the sampler says
+        if self.adaptive and not self.persistent:
+            try:
+                self.epoch_batches = len(loader)
+            except TypeError:
+                pass
+        self.launched_at = 0.0
+        if self.adaptive and not auto_workers and self.findings.workers_paid:
             # an earlier epoch's probe found these batches worth the workers: each epoch of
             # workers that do not persist probed anew, serially, before forking (3 MB samples
             # in batches of 16, 2 workers: 1.14-1.20x torch's time; 0.79 without the probe)
             self.mode = "workers"
+            if not self.findings.draws_rngs and self._start_outweighs(self.findings.batch_s):
+                self.mode = "inline"  # ... unless starting them costs more than they can save
         # ... and with a worker per core, the main process makes no batch while they start:
         # it would only take a core from them (3 MB samples, 2 workers on 2 cores: 1.03x
         # torch's time with that batch, 0.92-0.98 without)
@@ -1148,8 +1182,7 @@ class _Pool:
         # ... nor where an earlier epoch's probe found the batches draw from the global RNGs:
         # made here, the head start drew from the caller's RNGs, not the worker's seeded ones
         # (torch's augmentations differed from epoch 2 on, and the training loop's next draw)
-        self.draws_rngs = loader._draws_rngs
-        self.no_head_start = self.no_head_start or (self.mode == "workers" and self.draws_rngs[0])
+        self.no_head_start = self.no_head_start or (self.mode == "workers" and self.findings.draws_rngs)
         # "auto" chooses the worker count itself, so there is no worker whose stream a probing
         # batch must match: it is made as num_workers=0 makes a batch, with the RNGs as they are
         self.probe_as_worker = not auto_workers
@@ -1223,6 +1256,17 @@ class _Pool:
             # not run again: with workers, the workers make every batch, as torch's would
             self.mode = "workers" if self.num_workers else "inline"
             self.adaptive = False
+            cost = self.findings.batch_s
+            if self.num_workers and not self.timed and cost is not None and self._start_outweighs(cost):
+                # the workers would cost more than they save: the main process makes the
+                # batches, as it did while they started, and takes them up again if they
+                # grow costly (``_Pool.note``)
+                self.num_workers = tuner.workers_run = 0
+                self.mode = "inline"
+                self.adaptive = True
+                tuner.pin({"num_workers": 0, "fetch_threads": self.threads, "prefetch_factor": None,
+                           "reason": _start_words(self.findings, cost, self.epoch_batches or 0)
+                           + ": no workers (persistent_workers=True would start them once)"})
         if (self.spec.fetch_threads, self.spec.num_workers) != (self.threads, self.num_workers):
             self.spec = dataclasses.replace(self.spec, fetch_threads=self.threads, num_workers=self.num_workers)
 
@@ -1250,10 +1294,11 @@ class _Pool:
             self._holder.append(ex)
             self._closers.append(ex)
             self.launched = True
+            self.launched_at = time.perf_counter()
             if self.tuner is not None:
                 self.tuner.workers_run = self.num_workers
             if self.auto is None:
-                self.workers_paid[0] = True
+                self.findings.workers_paid = True
         return self._holder[0]
 
     def depth(self) -> int:
@@ -1324,7 +1369,8 @@ class _Pool:
     def _costly(self, costs: list[float], batch: Any) -> bool:
         """Is a window of 16 main-process batches worth the workers? Its fifth cheapest is
         (a few batches the machine slowed down say nothing)."""
-        return self.worth_workers(sorted(costs)[4], batch)
+        typical = self.findings.batch_s = sorted(costs)[4]
+        return self.worth_workers(typical, batch)
 
     def _reopenable(self) -> bool:
         """Is this an "auto" pool whose probe settled on the main process, pinning no
@@ -1345,12 +1391,24 @@ class _Pool:
     def worth_workers(self, cost: float, batch: Any) -> bool:
         """Is a batch like ``batch`` that costs ``cost`` here worth a trip from a worker? Not
         below ``INLINE_MAX_S``; above it, not below ``TRIPS`` trips either, a trip timed once
-        for this batch's shape (``_trip_s``: a slow machine's trips cost more)."""
-        if cost <= INLINE_MAX_S:
+        for this batch's shape (``_trip_s``: a slow machine's trips cost more). Nor when
+        starting the workers costs more than they could save (``_start_outweighs``)."""
+        if cost <= INLINE_MAX_S or self._start_outweighs(cost):
             return False
         if self.inline_max is None:
             self.inline_max = max(INLINE_MAX_S, TRIPS * _trip_s(batch, self.spec.output))
         return cost > self.inline_max
+
+    def _start_outweighs(self, cost: float | None) -> bool:
+        """Would the workers, started and stopped once an epoch (they do not persist), cost
+        more than making all the epoch's batches here at ``cost`` each? Known once this
+        loader has run them for an epoch (``_Findings``). Spawned workers import the main
+        process's modules afresh: 1.2-1.5 s with torch, for epochs of 2000 samples that the
+        main process made in 0.064 s (num_workers=2 spent 1.8 s an epoch)."""
+        spent = self.findings.workers_s()
+        if spent is None or cost is None or self.persistent or self.epoch_batches is None:
+            return False
+        return spent >= cost * self.epoch_batches
 
     def fetch_here(self, task: Task) -> Result:
         """Run ``task`` in the main process, timing it for the workers-or-not decision."""
@@ -1412,7 +1470,7 @@ class _Pool:
         if before is not None and not after.same(before):
             self.rng_states[w] = after
             self.rng_sensitive = True
-            self.draws_rngs[0] = True
+            self.findings.draws_rngs = True
             self.spec = dataclasses.replace(self.spec, rng_states=dict(self.rng_states))
             if self.launched and hasattr(self.executor, "set_rng"):
                 self.executor.set_rng(w, after)  # started early, before this batch ended
@@ -1533,6 +1591,7 @@ class _Pool:
             # "auto" settled here: only a slow batch, or every 16th, is looked at (walking each
             # batch for its size cost ~2 us of a 12 us batch_size=None batch)
             return result
+        self.findings.batch_s = _estimate(costs)  # for later epochs: are their workers worth starting?
         # A batch made at memory speed (gathering arrays already in memory) gains nothing from
         # a worker, which would copy it once more into shared memory: keep such batches here,
         # unless the training step between them would hide the workers' copies.
@@ -1553,7 +1612,7 @@ class _Pool:
                                   and not self._step_hides(min(self.inline_costs[-2:])))
         if self.tuner is not None and self.auto is not None and self.auto["num_workers"]:
             waits = result.cpu is not None and result.cpu < 0.5 * cost  # warm-up costs are CPU
-            if self.num_workers == 0 and cost > SLOW_S and not copying and (
+            if self.num_workers == 0 and cost > SLOW_S and not copying and not self._start_outweighs(cost) and (
                     waits or len(costs) >= 2 and min(costs[-2:]) > SLOW_S):
                 self._jump_start(result, cost)
             elif (self.inline_batches % 16 == 0 and len(costs) >= 16 and not copying and self._reopenable()
@@ -1570,8 +1629,8 @@ class _Pool:
                            f"from a worker would ({(self.inline_max or INLINE_MAX_S) * 1e6:.0f} us)")
                     self.tuner.pin({"num_workers": 0, "fetch_threads": self.threads, "prefetch_factor": None,
                                     "reason": why + ": no workers"})
-        elif self.rng_sensitive or (not copying and (cost > 5 * SLOW_S and rate < INLINE_RATE or (
-                len(costs) >= 2 and min(costs[-2:]) > SLOW_S))):
+        elif self.rng_sensitive or (not copying and not self._start_outweighs(cost) and (
+                cost > 5 * SLOW_S and rate < INLINE_RATE or (len(costs) >= 2 and min(costs[-2:]) > SLOW_S))):
             # clearly worth a worker (one batch can be slow because the machine is busy:
             # a moderately slow one must be seen twice), or only a worker makes it right
             self.mode = "workers"
@@ -1660,7 +1719,12 @@ class _Pool:
 
     def close(self) -> None:
         self.dead = True
+        t0 = time.perf_counter()
         self._finalizer()
+        if self.launched:
+            self.findings.stop_s = time.perf_counter() - t0
+            if not self.delivered:  # the epoch ended before they handed back a batch: at least this
+                self.findings.start_s = max(self.findings.start_s or 0.0, t0 - self.launched_at)
         for ex in self._holder:
             ex.close()  # the main process's own executor (the finalizer had the workers')
         self._holder.clear()
@@ -2011,7 +2075,10 @@ class _Run(Generic[T]):
                 self.ex.release(ev)  # from an abandoned epoch
             else:
                 self.inflight.pop(ev.seq, None)
-                self.pool.delivered = True
+                pool = self.pool
+                if not pool.delivered:
+                    pool.delivered = True
+                    pool.findings.start_s = time.perf_counter() - pool.launched_at
                 self.reorder.push(ev)
         self._fill()
 
