@@ -800,6 +800,7 @@ def test_workers_that_cost_more_to_start_than_an_epoch_takes_are_not_started_aga
                     persistent_workers=persistent, output="numpy") as loader:
         epochs = [np.concatenate(list(loader)) for _ in range(3)]
         chosen = loader.tuning()
+        said = loader.report()
     for got in epochs:
         assert np.array_equal(got[:, 0], np.arange(16))
     makers = [set(got[:, 1].tolist()) for got in epochs]
@@ -808,6 +809,8 @@ def test_workers_that_cost_more_to_start_than_an_epoch_takes_are_not_started_aga
         assert makers[1] != {me} and makers[2] != {me}, makers
     else:
         assert makers[1] == makers[2] == {me}, makers
+        # report() says why, rather than advising the workers that were not started
+        assert "starting and stopping the workers takes" in said and "persistent_workers=True" in said, said
     if workers == "auto":
         assert chosen is not None and chosen["num_workers"] == 0, chosen
         assert "starting and stopping the workers takes" in chosen["reason"], chosen

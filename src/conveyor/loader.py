@@ -677,6 +677,10 @@ class DataLoader(Generic[T]):
             snap["num_workers"] = pool.num_workers if pool.mode == "workers" or pool.launched else 0
             snap["fetch_threads"] = pool.threads
             snap["prefetch_factor"] = pool.prefetch if pool.num_workers else None
+            cost = pool.findings.batch_s
+            if not pool.launched and pool.mode == "inline" and pool._start_outweighs(cost):
+                assert cost is not None
+                snap["workers_not_started"] = _start_words(pool.findings, cost, pool.epoch_batches or 0)
             if pool.tuner is not None:
                 # what "auto" chose for the settings it tunes; a setting the user fixed is
                 # reported as it is (the tuner's decision may name another it may not apply)

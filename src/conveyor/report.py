@@ -170,7 +170,12 @@ def report(snap: dict[str, Any], cores: int | None = None) -> str:
     storage = ", or use fetch_threads if fetches wait on storage" if ratio is None else ""
     parts: list[str] = []
 
-    if nw == 0 and wf >= HIDDEN and 0 < mean < HANDOFF:
+    not_started = snap.get("workers_not_started")
+    if not_started and wf >= HIDDEN:
+        # adaptive kept the batches here (``_Pool._start_outweighs``): more workers is no advice
+        parts.append(f"the main process makes the batches ({_pct(wf)} of the time is spent waiting): "
+                     f"{not_started}; persistent_workers=True would start them once, for every epoch")
+    elif nw == 0 and wf >= HIDDEN and 0 < mean < HANDOFF:
         parts.append(f"loading in the main process takes {mean * 1e3:.2f} ms a batch ({_pct(wf)} of the time), "
                      "less than handing a batch over from a worker costs: num_workers=0 is right")
     elif wf >= BOTTLENECK:
