@@ -484,6 +484,28 @@ def test_timeout_holds_for_the_first_batches_too(workers: int | str) -> None:
     assert_no_leaks(before, grace=15)
 
 
+def _slow_start(worker_id: int) -> None:
+    time.sleep(30)
+
+
+@pytest.mark.timeout(60)
+def test_a_timeout_while_a_worker_starts_says_so() -> None:
+    # the message blamed batch 0, whose sample was never touched: the worker was still in
+    # worker_init_fn (spawned ones: importing the main script), which the timeout counts
+    before = Snapshot.take()
+    loader = conveyor.DataLoader(list(range(8)), batch_size=2, timeout=1, num_workers=2, worker_init_fn=_slow_start)
+    with pytest.raises(RuntimeError, match="timed out") as info:
+        drain(loader)
+    assert "from worker 0, which has not started yet after" in str(info.value), info.value
+    assert "runs worker_init_fn before its first batch" in str(info.value), info.value
+    loader = conveyor.DataLoader(_HangsFirst(), batch_size=2, timeout=2, num_workers=2)
+    with pytest.raises(RuntimeError, match="timed out") as info:
+        drain(loader)
+    assert "has not started yet" not in str(info.value), info.value  # a started worker, stuck in a sample
+    del loader, info
+    assert_no_leaks(before, grace=15)
+
+
 # --------------------------------------------------------------------------- skipping bad samples
 
 

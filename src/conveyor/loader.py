@@ -2433,6 +2433,7 @@ class _Run(Generic[T]):
             where = f" waiting for batch {self.reorder.next - self.first_seq} of this epoch: {behind}" if behind else ""
             return RuntimeError(f"DataLoader timed out after {self.loader.timeout} seconds{where}")
         worker, batch = awaited
+        starting = self.ex.starting_for(worker) if hasattr(self.ex, "starting_for") else None
         stack = None
         if hasattr(self.ex, "stack"):
             stack = self.ex.stack(worker)
@@ -2444,6 +2445,12 @@ class _Run(Generic[T]):
         behind = self._held_over(worker)
         if behind:
             msg += f" ({behind})"
+        if starting is not None:
+            how = ("imports the main script and its modules afresh, unpickles the dataset and runs worker_init_fn"
+                   if self.ex.method != "fork" else "runs worker_init_fn")
+            msg += (f", which has not started yet after {starting:.1f} s: a new worker {how} before its first "
+                    "batch, and the timeout counts that too (raise timeout; with persistent_workers=True only the "
+                    "first epoch pays it)")
         if stack:
             msg += f"; its Python stack right now:\n{stack}"
         return RuntimeError(msg)

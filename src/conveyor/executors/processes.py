@@ -127,7 +127,7 @@ def _under_main_guard(path: str) -> set[str]:
 
 
 class _Worker:
-    __slots__ = ("proc", "tasks", "results", "gen", "pid", "ready", "inbox", "bell")
+    __slots__ = ("proc", "tasks", "results", "gen", "pid", "ready", "inbox", "bell", "born")
 
     def __init__(self, proc: Any, tasks: Connection, results: Connection, gen: int,
                  bell: Doorbell | None = None) -> None:
@@ -139,6 +139,7 @@ class _Worker:
         self.pid: int | None = proc.pid
         self.ready = False
         self.inbox = Inbox(results)  # every read of ``results`` goes through it
+        self.born = time.monotonic()
 
 
 class ProcessExecutor:
@@ -496,6 +497,14 @@ class ProcessExecutor:
                 raise StartupError(f"replacement for worker {worker} died during start-up")
         return tasks
 
+    def starting_for(self, worker: int) -> float | None:
+        """Seconds since ``worker`` was started, while it has not said it is ready (it is
+        still importing, unpickling the dataset or running worker_init_fn); else None."""
+        wk = self.workers[worker]
+        if wk is None or wk.ready:
+            return None
+        return time.monotonic() - wk.born
+
     def stack(self, worker: int) -> str | None:
         """Ask a (hung) worker for its Python stack; None when it cannot say."""
         wk = self.workers[worker]
@@ -599,6 +608,11 @@ class ProcessExecutor:
         for w, wk in live:
             if w in self.hung:
                 wk.proc.kill()  # stuck in a sample: it would not read the stop order in time
+            elif not wk.ready:
+                # still starting (importing, worker_init_fn), holding no batch: it would read
+                # the stop order only once started. A spawned worker imports for ~1 s, and an
+                # epoch the main process made alone waited that long for it at its end
+                wk.proc.terminate()
         for _, wk in live:
             try:
                 _tell(wk, Order(stop=True))
