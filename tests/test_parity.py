@@ -186,6 +186,26 @@ def test_two_epochs_generator(workers: int) -> None:
 
 @pytest.mark.timeout(30)
 @pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("order", ["numpy", "tensor"])
+def test_a_sampler_given_as_an_array_of_indices(workers: int, order: str) -> None:
+    # np.random.permutation(n) or torch.randperm(n) as the sampler: conveyor asked the array
+    # for its truth value ("ambiguous") where torch iterates it
+    perm = np.random.default_rng(0).permutation(20)
+    sampler = perm if order == "numpy" else torch.from_numpy(perm)
+    kw = lambda: {"batch_size": 6, "sampler": sampler, "num_workers": workers}  # noqa: E731
+    tb, cb = both(Squares, kw, n=2)
+    assert [b[1].tolist() for b in cb[0]] == [perm[k:k + 6].tolist() for k in range(0, 20, 6)]
+    loader = conveyor.DataLoader(Squares(), **kw())
+    it = iter(loader)
+    next(it)
+    state = loader.state_dict()  # the position is saved, and resumes there
+    again = conveyor.DataLoader(Squares(), **kw())
+    again.load_state_dict(state)
+    assert [key(b) for b in again] == [key(b) for b in cb[0][1:]]
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("workers", [0, 2])
 def test_break_and_iterate_again(workers: int) -> None:
     out = []
     for cls in (tud.DataLoader, conveyor.DataLoader):

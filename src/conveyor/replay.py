@@ -64,7 +64,8 @@ def _plain(batch: Any) -> Any:
 
 def inner(sampler: Any) -> Any:
     """The sampler inside a batch sampler, or the sampler itself."""
-    return getattr(sampler, "sampler", None) or sampler
+    within = getattr(sampler, "sampler", None)
+    return sampler if within is None else within  # (an array of indices has no truth value)
 
 
 def _holders(sampler: Any) -> list[Any]:
