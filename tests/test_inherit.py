@@ -96,3 +96,25 @@ def test_reopen_private_gives_a_forked_child_its_own_offset(tmp_path: Path) -> N
     finally:
         f.close()
     assert inherit.opened_since(mark) == ()
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="reads /proc/self/fd (Linux)")
+def test_conveyors_own_segments_are_not_files_the_dataset_opened(tmp_path: Path) -> None:
+    # the main process keeps the batch slots it mapped open: counted as the dataset's files,
+    # with persistent workers they told "auto" the dataset keeps files open (one thread)
+    from conveyor.transport.segment import Segment, new_prefix
+
+    mark = inherit.open_fds()
+    seg = Segment.create(new_prefix() + "t", 4096)
+    data = open(tmp_path / "data.bin", "wb")  # noqa: SIM115
+    try:
+        slots = [fd for fd in map(int, os.listdir("/proc/self/fd"))
+                 if os.path.exists(f"/proc/self/fd/{fd}") and "/dev/shm/conveyor_" in os.readlink(f"/proc/self/fd/{fd}")]
+        assert slots, "the segment keeps no descriptor open: nothing to tell apart"
+        opened = inherit.opened_since(mark)
+        assert data.fileno() in opened
+        assert not set(slots) & set(opened), (slots, opened)
+    finally:
+        data.close()
+        seg.close()
+        seg.unlink()

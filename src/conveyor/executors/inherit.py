@@ -17,6 +17,8 @@ from __future__ import annotations
 import os
 import stat
 
+from ..transport.segment import _SHM_DIR
+
 _FD_DIR = "/proc/self/fd"
 # reopening must not create, truncate or fail on an existing file
 _DROP = os.O_CREAT | os.O_EXCL | os.O_TRUNC | getattr(os, "O_NOCTTY", 0)
@@ -55,8 +57,20 @@ def opened_since(before: dict[int, tuple[int, int]] | None) -> tuple[int, ...]:
         except (OSError, ValueError):
             continue
         if before.get(fd) != (st.st_dev, st.st_ino) and stat.S_ISREG(st.st_mode) and st.st_nlink > 0:
-            out.append(fd)
+            if not _ours(fd):
+                out.append(fd)
     return tuple(sorted(out))
+
+
+def _ours(fd: int) -> bool:
+    """Is ``fd`` a shared-memory segment of conveyor's own (a batch slot the main process
+    has mapped), not a file of the dataset? Counted as the dataset's, with persistent
+    workers they told "auto" the dataset keeps files open: one fetch thread a worker."""
+    try:
+        path = os.readlink(f"{_FD_DIR}/{fd}")
+    except OSError:
+        return False
+    return os.path.dirname(path) == _SHM_DIR and os.path.basename(path).startswith("conveyor_")
 
 
 def reopen_private(fds: tuple[int, ...]) -> None:
