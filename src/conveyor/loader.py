@@ -41,6 +41,7 @@ from .executors.inline import InlineExecutor
 from .executors.processes import ProcessExecutor
 from .executors.recovery import Recovery
 from .executors.reorder import Reorder
+from .executors.sched import runqueue_wait as _runqueue_wait
 from .executors.task import Death, Result, Task
 from .executors.threads import ThreadExecutor
 from .executors.worker import Fetcher, WorkerSpec, rng_lock
@@ -1059,24 +1060,6 @@ def _bulk_batches(dataset: Any, size: int, budget: int = 8 << 20) -> int:
     row = sum(a[:1].nbytes if hasattr(a, "nbytes") else a[:1].element_size() * a[:1].numel()
               for a in getattr(dataset, "arrays", ()))
     return max(1, min(64, budget // max(1, row * size)))
-
-
-def _runqueue_wait() -> float | None:
-    """Seconds this thread has spent runnable but not running (preempted), from Linux's
-    schedstat; None where that is not available."""
-    # os.open, not open(): no file object to build. In a freshly forked process open()'s
-    # first call cost 70-80 us, os.open's 8-15 (after the process's first look at
-    # /proc/thread-self, ~60 us either way); each probing batch of "auto" reads it once.
-    try:
-        fd = os.open("/proc/thread-self/schedstat", os.O_RDONLY)
-    except OSError:
-        return None
-    try:
-        return int(os.read(fd, 256).split()[1]) / 1e9
-    except (OSError, ValueError, IndexError):
-        return None
-    finally:
-        os.close(fd)
 
 
 def _start_words(findings: _Findings, cost: float, batches: int) -> str:

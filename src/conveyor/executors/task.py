@@ -47,7 +47,9 @@ class Result:
     end: float = 0.0
     retired: tuple[int, ...] = ()  # slots the worker dropped from its pool
     warning: str | None = None
-    cpu: float | None = None  # CPU seconds the worker spent on it (or over ``cpu_span``)
+    # CPU seconds the worker spent on it (or over ``cpu_span``), with the seconds it waited
+    # for a core (``sched``: CPU demand; only waiting on anything else is not)
+    cpu: float | None = None
     nbytes: int | None = None  # bytes of array data in the batch
     rss: int | None = None  # the worker's resident memory, now and then
     # (batches, wall seconds) ``cpu`` covers when it spans the worker's last batches, idle

@@ -31,6 +31,7 @@ from .._imports import find_wrapped
 from ..collate import use_allocator
 from ..errors import Failure, capture
 from .fetchpool import Batch, FetchPool
+from .sched import process_demand, thread_demand
 from .task import Doorbell, Hello, Inbox, Order, Readable, Result, Task, send
 
 __all__ = ["WorkerInfo", "WorkerSpec", "Fetcher", "get_worker_info", "serve"]
@@ -478,7 +479,9 @@ class Fetcher:
         # threads of one process share the global RNGs: seeding must hold a lock
         self.lock = rng_lock if (shared_rng or spec.fetch_threads > 1) and spec.seed is not None else None
         self.seeded = SeededFetch(rng_lock) if worker_id is not None else None
-        self.cpu_clock = cpu_clock or time.thread_time
+        # CPU time plus time waiting for a core (``sched``): on a busy machine a computing
+        # fetch must not read as one waiting on storage
+        self.cpu_clock = cpu_clock or thread_demand
         self.runs = 0
         # a worker reports CPU time over spans of batches, idle time included: with fetch threads
         # a batch's samples are fetched before and between runs, so one run's interval says
@@ -838,7 +841,7 @@ def start_worker(spec: WorkerSpec, worker_id: int, *, kind: str) -> Fetcher:
     if spec.worker_init_fn is not None:
         spec.worker_init_fn(worker_id)
     return Fetcher(spec, worker_id, shared_rng=thread,
-                   cpu_clock=time.thread_time if thread else time.process_time)
+                   cpu_clock=thread_demand if thread else process_demand)
 
 
 # -- the process worker's loop ----------------------------------------------
