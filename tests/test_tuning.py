@@ -248,6 +248,40 @@ def test_ram_budget_is_bytes_none_or_auto() -> None:
     assert measured is None or measured > 0
 
 
+def test_ranks_of_one_machine_share_its_cores_and_memory(monkeypatch: pytest.MonkeyPatch) -> None:
+    # under DDP each rank's "auto" took every core and half the memory: 4 ranks on 2 cores
+    # ran 2 workers each, and read the starved workers as waiting on storage
+    tuning = conveyor.tuning
+    monkeypatch.setattr(tuning, "usable_cores", lambda: 8)
+    monkeypatch.setattr(tuning.os, "cpu_count", lambda: 8)
+    monkeypatch.setattr(tuning, "ram_budget", lambda: 8 << 30)
+    for name in ("LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    assert (tuning.cpu_share(), cpu_budget(), Tuner().ram) == (8, 7, 8 << 30)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")  # torchrun's four ranks on these 8 cores
+    assert (tuning.cpu_share(), cpu_budget(), Tuner().ram) == (2, 1, 2 << 30)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "16")  # more ranks than cores: a core each, at least
+    assert tuning.cpu_share() == 1
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "nonsense")
+    monkeypatch.setenv("OMPI_COMM_WORLD_LOCAL_SIZE", "2")
+    assert tuning.cpu_share() == 4
+    # a launcher that binds each rank to cores of its own: the affinity is the share already
+    monkeypatch.setattr(tuning, "usable_cores", lambda: 4)
+    assert tuning.cpu_share() == 4
+    monkeypatch.setattr(tuning.os, "cpu_count", lambda: 16)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
+    assert tuning.cpu_share() == 4
+
+
+def test_auto_under_ranks_of_one_machine_starts_its_share_of_workers(monkeypatch: pytest.MonkeyPatch) -> None:
+    import conveyor.loader
+
+    cores = conveyor.tuning.usable_cores()
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", str(cores))
+    loader = conveyor.DataLoader(list(range(8)), batch_size=2, num_workers="auto")
+    assert conveyor.loader._cores() == 1 and loader.num_workers == 1  # the most "auto" may start
+
+
 def test_fetches_timed_by_threads_ahead_of_their_batch_count_not_the_batch_wall() -> None:
     # batch_size=None, 5 ms a sample: the fetch threads fetch the batches a worker holds ahead
     # of their turn, so a batch's own wall time in the worker is near nothing. Read from it,

@@ -48,7 +48,8 @@ from .executors.worker import Fetcher, WorkerSpec, rng_lock
 from .samplers import BatchSampler, RandomSampler, Sampler, SequentialSampler
 from .stats import INLINE, Stats
 from .tuning import IO_BOUND, MAX_THREADS, Tuner
-from .tuning import usable_cores as _cores
+from .tuning import cpu_share as _cores
+from .tuning import usable_cores
 from ._tree import tree_map
 from .transport import to_numpy
 from .transport.recycle import Recycler
@@ -426,7 +427,7 @@ class DataLoader(Generic[T]):
         super().__setattr__(attr, val)
 
     def _check_worker_count(self) -> None:
-        cpus = _cores()
+        cpus = usable_cores()  # as torch's warning counts: the process's, not its rank's share
         if self.num_workers > cpus and self.worker_type == "process":
             warnings.warn(
                 f"This DataLoader will create {self.num_workers} worker processes in total. This "

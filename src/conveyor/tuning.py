@@ -60,13 +60,50 @@ def usable_cores() -> int:
         return os.cpu_count() or 1
 
 
+def ranks_here() -> int:
+    """Training processes on this machine, as their launcher says (torchrun's
+    ``LOCAL_WORLD_SIZE``, Open MPI's ``OMPI_COMM_WORLD_LOCAL_SIZE``); 1 where none says.
+
+    >>> ranks_here() >= 1
+    True
+    """
+    for name in ("LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE"):
+        try:
+            n = int(os.environ.get(name, ""))
+        except ValueError:
+            continue
+        if n >= 1:
+            return n
+    return 1
+
+
+def cpu_share() -> int:
+    """The cores this process's loader may fill: its usable cores, shared with the other
+    training processes of this machine where they run on the same ones.
+
+    Under DDP each rank's "auto" took every core: 4 ranks on 2 cores ran 2 workers each
+    and read the starved workers as waiting on storage (64 fetch threads). A launcher
+    that binds each rank to cores of its own leaves the ranks' affinities disjoint
+    (their count times the ranks fits the machine), and nothing is divided then.
+
+    >>> cpu_share() >= 1
+    True
+    """
+    cores = usable_cores()
+    ranks = ranks_here()
+    if ranks > 1 and cores * ranks > (os.cpu_count() or cores):
+        return max(1, cores // ranks)
+    return cores
+
+
 def cpu_budget() -> int:
-    """Cores this process may use, minus one for the training loop where possible (at least 1).
+    """Cores this process may use (its share, see :func:`cpu_share`), minus one for the
+    training loop where possible (at least 1).
 
     >>> cpu_budget() >= 1
     True
     """
-    return max(1, usable_cores() - 1)
+    return max(1, cpu_share() - 1)
 
 
 def ram_budget(fraction: float = 0.5) -> int | None:
@@ -296,7 +333,9 @@ class Tuner:
     def ram(self) -> int | None:
         """Bytes the loader may add (``ram_budget()`` unless given)."""
         if isinstance(self._ram, str):
-            self._ram = ram_budget()
+            budget = ram_budget()
+            # the training processes of this machine share its memory as they share its cores
+            self._ram = None if budget is None else budget // ranks_here()
         return self._ram
 
     # -- input --------------------------------------------------------------
