@@ -107,6 +107,23 @@ def test_rank_and_world_from_environment(monkeypatch: pytest.MonkeyPatch) -> Non
     assert ShardedIterable(range(12)).rank == 2
 
 
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_sharded_stream_built_before_the_group_takes_its_ranks_share(monkeypatch: pytest.MonkeyPatch,
+                                                                        workers: int) -> None:
+    # built before init_process_group (mp.spawn, init_method="tcp://...", no RANK in the
+    # environment), the wrapper kept rank 0 of 1, and every rank read the whole stream
+    monkeypatch.delenv("RANK", raising=False)
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    stream = ShardedIterable(range(20))
+    monkeypatch.setenv("RANK", "1")  # the group is up now
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with DataLoader(stream, batch_size=None, num_workers=workers) as loader:
+        got = sorted(int(x) for x in loader)
+    assert got == list(range(1, 20, 2))
+    assert (stream.rank, stream.world_size) == (1, 2)
+
+
 def test_shard_iterable_arguments_and_errors() -> None:
     assert worker_and_count() == (0, 1)
     shares = [list(shard_iterable(range(10), rank=r, world_size=3)) for r in range(3)]

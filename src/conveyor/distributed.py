@@ -95,9 +95,10 @@ class ShardedIterable(IterableDataset[T]):
     """An iterable dataset split by rank and worker: every pair sees a disjoint share.
 
     ``source`` is an iterable (iterated afresh each epoch) or a function
-    returning one. Rank and world size are read when the wrapper is built
-    (in the main process, where ``torch.distributed`` is initialised) unless
-    given; the worker is read each time iteration starts.
+    returning one. Rank and world size, unless given, are read each time
+    iteration starts, as the worker is: a wrapper built before
+    ``init_process_group`` (a common order under ``mp.spawn``) gave every rank
+    the whole stream when they were read as it was built.
 
     >>> list(ShardedIterable(range(7), rank=0, world_size=2))
     [0, 2, 4, 6]
@@ -115,12 +116,21 @@ class ShardedIterable(IterableDataset[T]):
             raise TypeError("ShardedIterable needs a source it can iterate afresh each epoch (a list, a "
                             "range, a dataset), or a function returning one: a generator or iterator is "
                             "used up by the first epoch, and shared by the workers")
-        own_rank, own_world = rank_and_world()
         self.source = source
-        self.rank = own_rank if rank is None else int(rank)
-        self.world_size = own_world if world_size is None else int(world_size)
+        self._rank = None if rank is None else int(rank)
+        self._world_size = None if world_size is None else int(world_size)
         _check(self.rank, self.world_size)
+
+    @property
+    def rank(self) -> int:
+        """The rank whose share this is: the one given, else this process's now."""
+        return rank_and_world()[0] if self._rank is None else self._rank
+
+    @property
+    def world_size(self) -> int:
+        """The world size: the one given, else this process's now."""
+        return rank_and_world()[1] if self._world_size is None else self._world_size
 
     def __iter__(self) -> Iterator[T]:
         items = self.source() if callable(self.source) and not hasattr(self.source, "__iter__") else self.source
-        return shard_iterable(items, rank=self.rank, world_size=self.world_size)  # type: ignore[arg-type]
+        return shard_iterable(items, rank=self._rank, world_size=self._world_size)  # type: ignore[arg-type]
