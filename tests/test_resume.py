@@ -932,6 +932,29 @@ def test_torchs_distributed_sampler_resumes_with_the_callers_set_epoch(stop: str
     assert rest == ref[8 if stop == "epoch-end" else 6:]
 
 
+def test_forgetting_set_epoch_on_resume_is_named_as_the_fix() -> None:
+    # the warning said to implement state_dict() on torch's own sampler
+    def build() -> DataLoader[Any]:
+        sampler = torch.utils.data.DistributedSampler(range(20), num_replicas=2, rank=0, shuffle=True, seed=7)
+        return DataLoader(Noisy(20), batch_size=3, sampler=sampler)
+
+    loader = build()
+    loader.sampler.set_epoch(1)
+    it = iter(loader)
+    next(it)
+    state = json.loads(json.dumps(loader.state_dict()))
+    again = build()
+    again.load_state_dict(state)
+    with pytest.warns(UserWarning, match=r"call sampler\.set_epoch\(\) with the epoch the saved run had set"):
+        list(again)
+    again = build()
+    again.load_state_dict(state)
+    again.sampler.set_epoch(1)  # as told: no warning, the saved epoch's rest
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert len(list(again)) == 3
+
+
 @pytest.mark.timeout(60)
 def test_a_replayed_sampler_notes_only_the_global_rngs_it_draws_from_after_its_first_epoch() -> None:
     # copying numpy's global state costs ~50 us an epoch: noted at the first epoch, then only

@@ -257,8 +257,15 @@ def check(sampler: Any, expected: int | None, got: int, drawn: int, wanted: int)
         return (f"resuming: {name} gave {drawn} batches where the saved run had handed out {wanted}; "
                 "the resumed epoch is not the saved one's")
     if expected is not None and got != expected:
+        fix = "Implement state_dict() and load_state_dict() on the sampler for an exact resume"
+        if callable(getattr(inner(sampler), "set_epoch", None)):
+            # torch's DistributedSampler: its order is its epoch's, which only the user sets
+            fix = (f"{name} orders each epoch by the epoch set_epoch() gave it: after load_state_dict(), "
+                   "call sampler.set_epoch() with the epoch the saved run had set before iterating "
+                   "(the loader's state_dict()['epoch'] where the loop sets one an epoch from 0), or "
+                   "implement state_dict() and load_state_dict() on the sampler")
         return (f"resuming: {name} has no state_dict(), and replaying it from the saved RNG states "
                 "drew other batches than the saved run did, so the rest of this epoch is not the saved "
-                "one's. Implement state_dict() and load_state_dict() on the sampler for an exact resume")
+                f"one's. {fix}")
     return None
 
