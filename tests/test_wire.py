@@ -292,6 +292,35 @@ def test_one_dimensional_slot_leaves_stay_intact_while_held() -> None:
         assert all(torch.equal(b, torch.full((20000,), float(i))) for i, b in enumerate(batches))
 
 
+class ImagesAndIds(torch.utils.data.Dataset):  # type: ignore[type-arg]
+    """1 MB of pixels and 8 KB of token ids a sample: batches of 8 MB beside 64 KB."""
+
+    def __len__(self) -> int:
+        return 8 * 40
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        return {"pixels": torch.full((256, 1024), float(i)), "ids": torch.full((1024,), i, dtype=torch.int64)}
+
+
+@pytest.mark.timeout(120)
+def test_keeping_a_batchs_small_leaf_keeps_only_that_leaf() -> None:
+    # a slot goes back to its worker once no view of it is left: the ids kept for epoch-end
+    # metrics kept their batch's pixels too, a new slot every batch (100 MB batches, 2
+    # workers: 1434 -> 4271 MB over 30 batches; torch's workers kept only the ids)
+    from helpers import shm_entries
+
+    kept, most = [], 0
+    with conveyor.DataLoader(ImagesAndIds(), batch_size=8, num_workers=2, adaptive=False) as loader:
+        for batch in loader:
+            kept.append(batch["ids"])
+            assert batch["pixels"].shape == (8, 256, 1024)
+            del batch
+            most = max(most, len(shm_entries()))
+    assert len(kept) == 40 and all(torch.equal(ids, torch.arange(8 * k, 8 * k + 8).repeat_interleave(1024)
+                                               .view(8, 1024)) for k, ids in enumerate(kept))
+    assert most <= 16, most  # (8 seen) the slots each worker holds ahead, not one per batch kept
+
+
 def test_the_workers_writer_tells_collate_which_leaves_it_never_takes() -> None:
     """Small leaves travel in the message: collate must not even ask for them (that asking
     cost ~20 us a batch), and large ones still land in the slot."""

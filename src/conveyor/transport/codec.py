@@ -28,6 +28,12 @@ from .slots import Views, Writer
 __all__ = ["Leaf", "Packed", "encode", "decode", "INLINE_BYTES"]
 
 INLINE_BYTES = 1 << 15  # leaves smaller than this travel inline in the message
+# ... and so do leaves up to SIDE_BYTES beside SIDE_SHARE times as much in shared memory: a slot
+# goes back to its worker only once no view of it is left, so keeping a batch's labels or
+# ids (epoch-end metrics) kept its images too. 128 KB of input_ids kept from each 100 MB
+# batch: 2 workers grew 1434 -> 4271 MB over 30 batches, where torch's grew 580 -> 834.
+SIDE_BYTES = 1 << 20
+SIDE_SHARE = 8
 _TORCH = "t"  # a record's dtype "t<name>": a torch dtype numpy lacks (numpy's begin <, >, | or =)
 
 # One array leaf: (is a torch tensor, numpy dtype string, shape, slot id, offset), at
@@ -94,6 +100,7 @@ def encode(batch: Any, writer: Writer | None) -> tuple[Any, tuple[int, ...], tup
     size = 0
     holes: list[int] = []
     records: list[Leaf] = []
+    shared: list[tuple[int, np.ndarray]] = []  # (record, array) of each leaf put in a slot
     pos = -1
 
     def leaf(obj: Any) -> Any:
@@ -118,6 +125,8 @@ def encode(batch: Any, writer: Writer | None) -> tuple[Any, tuple[int, ...], tup
             small.append(arr)
             where = (-1, size)
             size = (size + nbytes + 15) & ~15
+        else:
+            shared.append((len(records), arr))
         if kind.__class__ is str:  # a dtype numpy lacks: its bytes, the tensor's shape
             records.append((True, kind, tuple(obj.shape), where[0], where[1]))
         else:
@@ -125,6 +134,13 @@ def encode(batch: Any, writer: Writer | None) -> tuple[Any, tuple[int, ...], tup
         return None
 
     tree = tree_map(leaf, batch)
+    if len(shared) > 1:
+        total = sum(arr.nbytes for _, arr in shared)
+        for k, arr in shared:
+            if arr.nbytes <= SIDE_BYTES and arr.nbytes * SIDE_SHARE <= total:
+                small.append(arr)  # a side leaf: its own copy, which keeps no slot (SIDE_BYTES)
+                records[k] = records[k][:3] + (-1, size)
+                size = (size + arr.nbytes + 15) & ~15
     if not small:
         return tree, tuple(holes), tuple(records), None
     if len(small) == 1:
