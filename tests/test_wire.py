@@ -321,6 +321,36 @@ def test_keeping_a_batchs_small_leaf_keeps_only_that_leaf() -> None:
     assert most <= 16, most  # (8 seen) the slots each worker holds ahead, not one per batch kept
 
 
+def _aliased(samples: list[torch.Tensor]) -> dict[str, Any]:
+    ids = torch.stack(samples)
+    small = torch.arange(3)
+    return {"input_ids": ids, "labels": ids, "pair": (small, small), "other": ids.clone()}
+
+
+class Rows(torch.utils.data.Dataset):  # type: ignore[type-arg]
+    def __len__(self) -> int:
+        return 16
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        return torch.full((8192,), i, dtype=torch.int64)  # 256 KB batches of 4: in a slot
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_leaf_the_batch_holds_twice_comes_back_as_one_object(workers: int) -> None:
+    # torch's pickle keeps the identity ({"input_ids": ids, "labels": ids}, as a language
+    # model's collate makes them): an in-place edit of labels (pad -> -100) edits input_ids
+    # too. conveyor's workers sent two copies, and adaptive's main-process batches one.
+    for loader in (torch.utils.data.DataLoader(Rows(), batch_size=4, num_workers=workers, collate_fn=_aliased),
+                   conveyor.DataLoader(Rows(), batch_size=4, num_workers=workers, collate_fn=_aliased,
+                                       adaptive=False)):
+        for batch in loader:
+            assert batch["labels"] is batch["input_ids"] and batch["pair"][0] is batch["pair"][1]
+            assert batch["other"] is not batch["input_ids"]
+            batch["labels"][0, 0] = -100
+            assert batch["input_ids"][0, 0] == -100 and batch["other"][0, 0] != -100
+
+
 def test_the_workers_writer_tells_collate_which_leaves_it_never_takes() -> None:
     """Small leaves travel in the message: collate must not even ask for them (that asking
     cost ~20 us a batch), and large ones still land in the slot."""
