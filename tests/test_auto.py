@@ -814,3 +814,21 @@ def test_workers_that_cost_more_to_start_than_an_epoch_takes_are_not_started_aga
     if workers == "auto":
         assert chosen is not None and chosen["num_workers"] == 0, chosen
         assert "starting and stopping the workers takes" in chosen["reason"], chosen
+
+
+@pytest.mark.timeout(60)
+def test_ranks_that_leave_no_core_start_workers_only_for_batches_that_wait(monkeypatch: pytest.MonkeyPatch) -> None:
+    # 4 DDP ranks on 2 cores, a computing dataset: "auto" started a worker a rank, which took
+    # the training loop's core (1.02-1.08 s where no workers took 0.81)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", str(2 * conveyor.tuning.usable_cores()))
+    with DataLoader(Computes(), batch_size=8, num_workers="auto", output="numpy") as loader:
+        got = _all(loader)
+        chosen = loader.tuning()
+        started = loader.stats()["workers_started"]
+    assert np.array_equal(got, np.arange(64))
+    assert not started and chosen is not None and chosen["num_workers"] == 0, chosen
+    assert "training processes share this machine's" in chosen["reason"], chosen
+    with DataLoader(Waits(), batch_size=16, num_workers="auto", output="numpy") as loader:
+        got = _all(loader)  # waiting on storage takes no core: workers (and threads) still help
+        assert loader.stats()["workers_started"]
+    assert np.array_equal(got, np.arange(16 * 24))

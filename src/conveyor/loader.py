@@ -21,7 +21,6 @@ import hashlib
 import itertools
 import math
 import operator
-import os
 import pickle
 import sys
 import time
@@ -49,6 +48,7 @@ from .samplers import BatchSampler, RandomSampler, Sampler, SequentialSampler
 from .stats import INLINE, Stats
 from .tuning import IO_BOUND, MAX_THREADS, Tuner
 from .tuning import cpu_share as _cores
+from .tuning import no_core_left as _no_core_left
 from .tuning import usable_cores
 from ._tree import tree_map
 from .transport import to_numpy
@@ -92,6 +92,10 @@ STEP_HIDES = 0.25
 EARLY_START_S = 0.025
 # "auto" reads the stats every this many batches handed out (a snapshot costs ~50 us)
 RETUNE_EVERY = 4
+# Where the training processes leave no core for workers (tuning.no_core_left), a first batch
+# starts them only if it kept the process this little busy: batches computing 1 ms a sample
+# on 4 DDP ranks sharing 2 cores read 0.24-0.47 busy there, run-queue waits taken out.
+CROWDED_WAITS = 0.2
 
 
 class TooManyFailures(RuntimeError):
@@ -1063,6 +1067,13 @@ def _bulk_batches(dataset: Any, size: int, budget: int = 8 << 20) -> int:
     return max(1, min(64, budget // max(1, row * size)))
 
 
+def _ranks_words() -> str:
+    """How many training processes share how many cores, in words."""
+    from .tuning import ranks_here
+
+    return f"{ranks_here()} training processes share this machine's {usable_cores()} cores"
+
+
 def _start_words(findings: _Findings, cost: float, batches: int) -> str:
     """Why workers that do not persist are not worth starting, in words."""
     return (f"starting and stopping the workers takes {findings.workers_s() or 0.0:.2f} s an epoch, more than "
@@ -1147,6 +1158,9 @@ class _Pool:
         self.adaptive = auto_workers or (loader.adaptive and self.num_workers > 0 and not loader._iterable
                                          and loader.worker_init_fn is None and not self.timed)
         self.mode = "probe" if self.adaptive else "workers"
+        # "auto" where the training processes leave no core for a worker that computes: only
+        # batches that wait (on storage) get workers
+        self.no_core_left = bool(auto_workers) and _no_core_left()
         self.findings = loader._findings
         self.persistent = loader.persistent_workers
         self.epoch_batches: int | None = None  # batches an epoch, where the sampler says
@@ -1365,7 +1379,7 @@ class _Pool:
         workers, that may still start them?"""
         auto, tuner = self.auto, self.tuner
         return (auto is not None and bool(auto["num_workers"]) and tuner is not None and tuner.pinned
-                and self.mode == "inline" and not self.bulk and not self.timed)
+                and self.mode == "inline" and not self.bulk and not self.timed and not self.no_core_left)
 
     def _reopen(self, threads: int | None = None) -> None:
         """Start a worker per core ("auto": the tuner refines from there). Where the probe had
@@ -1381,7 +1395,7 @@ class _Pool:
         below ``INLINE_MAX_S``; above it, not below ``TRIPS`` trips either, a trip timed once
         for this batch's shape (``_trip_s``: a slow machine's trips cost more). Nor when
         starting the workers costs more than they could save (``_start_outweighs``)."""
-        if cost <= INLINE_MAX_S or self._start_outweighs(cost):
+        if cost <= INLINE_MAX_S or self._start_outweighs(cost) or self.no_core_left:
             return False
         if self.inline_max is None:
             self.inline_max = max(INLINE_MAX_S, TRIPS * _trip_s(batch, self.spec.output))
@@ -1559,6 +1573,8 @@ class _Pool:
         with fetch threads if it mostly waits (``busy``: the cores it kept busy, < 0.5) and
         they are "auto" too; the main process fetches the rest of its batch with as many.
         The tuner trims workers, threads and prefetch from what it then measures."""
+        if self.no_core_left and busy >= CROWDED_WAITS:
+            return  # it computes: a worker would only take the training loop's core
         threads = self._threads_for(busy)
         if threads != self.threads:
             self.local_fetcher().set_threads(threads)
@@ -1601,7 +1617,7 @@ class _Pool:
         if self.tuner is not None and self.auto is not None and self.auto["num_workers"]:
             waits = result.cpu is not None and result.cpu < 0.5 * cost  # warm-up costs are CPU
             if self.num_workers == 0 and cost > SLOW_S and not copying and not self._start_outweighs(cost) and (
-                    waits or len(costs) >= 2 and min(costs[-2:]) > SLOW_S):
+                    waits or len(costs) >= 2 and min(costs[-2:]) > SLOW_S and not self.no_core_left):
                 self._jump_start(result, cost)
             elif (self.inline_batches % 16 == 0 and len(costs) >= 16 and not copying and self._reopenable()
                   and self._costly(costs, result.batch)):
@@ -1613,6 +1629,8 @@ class _Pool:
                     self.tuner.workers_run = 0  # any started early make no batch from here
                     why = (f"batches are made at {rate / 1e9:.1f} GB/s in the main process (copying memory): "
                            "workers would only copy them again" if copying else
+                           f"{_ranks_words()}, which leaves no core for a worker that computes"
+                           if self.no_core_left and typical > INLINE_MAX_S else
                            f"a batch costs {typical * 1e6:.0f} us in the main process, less than bringing it "
                            f"from a worker would ({(self.inline_max or INLINE_MAX_S) * 1e6:.0f} us)")
                     self.tuner.pin({"num_workers": 0, "fetch_threads": self.threads, "prefetch_factor": None,

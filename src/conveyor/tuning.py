@@ -96,6 +96,13 @@ def cpu_share() -> int:
     return cores
 
 
+def no_core_left() -> bool:
+    """Do this machine's training processes (more than one) leave each at most the one core
+    its training loop runs on? A worker that computes then only takes the loop's core: 4 DDP
+    ranks on 2 cores, with a worker each, ran 1.02-1.08 s where they took 0.81 without."""
+    return ranks_here() > 1 and cpu_share() <= 1
+
+
 def cpu_budget() -> int:
     """Cores this process may use (its share, see :func:`cpu_share`), minus one for the
     training loop where possible (at least 1).
