@@ -531,6 +531,15 @@ def test_a_fraction_weighs_the_batch_it_arrives_in(kind: str) -> None:
                                  **KINDS[kind])
     with pytest.raises(conveyor.TooManyFailures, match="8 of 100"):
         drain(loader)
+    # a batch sampler's batch whose samples all fail counts all of them as seen (it has no
+    # batch_size: counted as one, 2 of 3 failing read "2 of 2", and [[0, 1], [5]] "2 of 1")
+    loader = conveyor.DataLoader(Failing(6, {0, 1}), batch_sampler=[[5], [0, 1]], on_error="skip",
+                                 max_failures=0.4, **KINDS[kind])
+    assert [b.tolist() for b in drain(loader)] == [[[5]]]
+    loader = conveyor.DataLoader(Failing(6, {0, 1}), batch_sampler=[[0, 1], [5]], on_error="skip",
+                                 max_failures=0.5, **KINDS[kind])
+    with pytest.raises(conveyor.TooManyFailures, match="2 of 2 samples"):
+        drain(loader)
 
 
 @pytest.mark.timeout(60)

@@ -764,8 +764,10 @@ class Fetcher:
             else:
                 n = len(task.indices)  # type: ignore[arg-type]
             if spec.auto_collation and not done and not data and skipped:
+                # every sample failed: all ``n`` count as seen (a batch sampler's batches have
+                # no batch_size to count them by)
                 return Result(task.seq, self._wid(), empty=True, skipped=tuple(skipped),
-                              start=start, fetched=fetched, end=fetched)
+                              start=start, fetched=fetched, end=fetched, samples=n)
             if not done and spec.collate_fn is not None:
                 try:
                     data = self._collate(spec.collate_fn, data)
