@@ -287,6 +287,39 @@ def _hang_once_replaced(marker: Path, worker_id: int) -> None:
         time.sleep(60)
 
 
+def _killed_while_replacing(marker: Path, times: int, worker_id: int) -> None:
+    """A replacement's worker_init_fn (worker 0 died once): SIGKILLed ``times`` times in a row."""
+    if marker.exists():
+        count = marker.with_suffix(".inits")
+        done = len(count.read_text()) if count.exists() else 0
+        if done < times:
+            count.write_text("x" * (done + 1))
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("times", [1, 3])
+def test_a_replacement_killed_while_it_starts_is_replaced_again(tmp_path: Path, times: int) -> None:
+    # a replacement SIGKILLed before its hello ended the epoch ("replacement for worker 0 died
+    # during start-up"), whatever max_worker_restarts allowed; an initial worker killed
+    # there was already replaced. A replacement that keeps dying is given up on, by its signal.
+    import functools
+
+    marker = tmp_path / "marker"
+    before = Snapshot.take()
+    loader = conveyor.DataLoader(_KilledOnceThenInitHangs(marker), batch_size=4, max_worker_restarts=5,
+                                 worker_init_fn=functools.partial(_killed_while_replacing, marker, times),
+                                 **KINDS["process"])
+    if times == 1:
+        assert [x for b in drain(loader) for x in b.flatten().tolist()] == list(range(32))
+    else:
+        with pytest.raises(RuntimeError, match=r"replacement for worker \d was killed by SIGKILL during start-up "
+                                               r"\(3 replacements in a row\)"):
+            drain(loader)
+    del loader
+    assert_no_leaks(before, grace=15)
+
+
 @pytest.mark.timeout(60)
 def test_a_replacement_that_does_not_start_is_given_up_on_after_timeout(tmp_path: Path) -> None:
     # it was waited for 60 s whatever timeout said

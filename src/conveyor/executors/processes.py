@@ -33,6 +33,18 @@ from .worker import WorkerSpec, serve, stack_path
 __all__ = ["ProcessExecutor", "StartupError"]
 
 
+# replacements of one dead worker started in a row while each is killed by a signal before
+# its hello; the last one's death ends the epoch
+START_TRIES = 3
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
 class StartupError(RuntimeError):
     """A worker process could not start."""
 
@@ -473,12 +485,30 @@ class ProcessExecutor:
             transport.sweep(f"{self.prefix}w{worker}g{old.gen}_")
             self.pending_freed.pop((worker, old.gen), None)
         tasks = self.ledger.take(worker)
-        self.gens[worker] += 1
-        wk = self._spawn(worker)
-        self.workers[worker] = wk
-        self._watch(worker, wk)
-        # wait for its hello so start-up failures surface here
         deadline = time.monotonic() + wait_s
+        for attempt in range(1, START_TRIES + 1):
+            self.gens[worker] += 1
+            wk = self._spawn(worker)
+            self.workers[worker] = wk
+            self._watch(worker, wk)
+            # wait for its hello so start-up failures surface here
+            code = self._await_hello(worker, wk, deadline, wait_s)
+            if code is None:
+                return tasks
+            how = f"was killed by {_signal_name(-code)}" if code < 0 else f"exited with code {code}"
+            if code >= 0 or attempt == START_TRIES:
+                # it failed to start (an import, worker_init_fn): another would too
+                raise StartupError(f"replacement for worker {worker} {how} during start-up"
+                                   + (f" ({attempt} replacements in a row)" if attempt > 1 else ""))
+            # killed by a signal (the OOM killer, a scheduler, a user) before its hello: a death
+            # like one after it, which the next replacement makes good. It ended the epoch.
+            self._unwatch(wk)
+            self._reap(wk, timeout=0.0)
+            transport.sweep(f"{self.prefix}w{worker}g{wk.gen}_")
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _await_hello(self, worker: int, wk: _Worker, deadline: float, wait_s: float) -> int | None:
+        """Wait for a replacement's hello: None once it is ready, else its exit code."""
         while not wk.ready:
             left = deadline - time.monotonic()
             ready = wait([wk.results, wk.proc.sentinel], left) if left > 0 else []
@@ -494,8 +524,10 @@ class ProcessExecutor:
                 if isinstance(msg, Hello):
                     self._hello(wk, msg)
             if not wk.ready and (wk.inbox.eof or not msgs and wk.results not in ready):
-                raise StartupError(f"replacement for worker {worker} died during start-up")
-        return tasks
+                wk.proc.join(1.0)
+                code = wk.proc.exitcode
+                return 1 if code is None else code
+        return None
 
     def starting_for(self, worker: int) -> float | None:
         """Seconds since ``worker`` was started, while it has not said it is ready (it is
