@@ -15,6 +15,7 @@ import sys
 import textwrap
 import threading
 import time
+import warnings
 from collections import namedtuple
 from collections.abc import Iterator
 from pathlib import Path
@@ -803,3 +804,15 @@ def test_prefetcher_leaves_torchs_persistent_workers_alone() -> None:
     assert epochs == [[[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11]]] * 3
     assert [b.tolist() for b in tl][0] == [0, 1, 2, 3]
     pf.close()
+
+
+def test_pin_memory_device_is_deprecated_as_in_torch() -> None:
+    # it was taken and ignored silently, where torch warns that the current accelerator is used
+    with pytest.warns(UserWarning, match="pin_memory_device is deprecated"):
+        iter(torch.utils.data.DataLoader(list(range(4)), batch_size=2, pin_memory=True,
+                                         pin_memory_device="cuda:0"))
+    with pytest.warns(UserWarning, match="pin_memory_device is deprecated"):
+        DataLoader(list(range(4)), batch_size=2, pin_memory=True, pin_memory_device="cuda:0")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no pinning asked: nothing said
+        DataLoader(list(range(4)), batch_size=2, pin_memory_device="cuda:0")

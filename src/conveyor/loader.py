@@ -2589,6 +2589,10 @@ def _pinner(loader: DataLoader[Any]) -> Callable[[Any], Any] | None:
     to_cuda = torch is not None and loader._device_args is not None and _is_cuda(torch, loader._device_args[0])
     if not (loader.pin_memory or to_cuda):
         return None
+    if loader.pin_memory and loader.pin_memory_device:
+        # as torch's: the device is the current accelerator's, whatever was named
+        warnings.warn("pin_memory_device is deprecated, the current accelerator will be used as the device, "
+                      f"ignore pin_memory_device='{loader.pin_memory_device}'.", stacklevel=4)
     if torch is None or not torch.cuda.is_available():
         if loader.pin_memory:
             warnings.warn("'pin_memory' argument is set as true but no accelerator is found, then device "
