@@ -404,6 +404,22 @@ def test_the_next_epoch_starts_from_the_threads_that_ran_not_the_wish() -> None:
     assert start == (1, 16, "workers")
 
 
+def test_tuning_says_why_other_threads_run_than_its_reason_argues_for() -> None:
+    # tuning() reported the threads that ran (64) beside a reason arguing for the model's
+    # wish ("32 threads a worker keep its core busy"), and said nothing of the difference
+    tuner = Tuner(cpu=2, warmup=4)
+    tuner.pin(Decision(1, 8, 2, "I/O-bound: 8 threads a worker keep its core busy", False))
+    tuner.threads_run = 16
+    with DataLoader(Waits(), batch_size=16, num_workers="auto", output="numpy") as loader:
+        loader._tuner = tuner
+        it = iter(loader)
+        next(it)
+        said = loader.tuning()
+        del it
+    assert said is not None and said["fetch_threads"] == 16, said
+    assert "16 threads run, not 8" in said["reason"], said
+
+
 def test_the_next_epoch_starts_from_the_workers_that_ran_not_the_wish() -> None:
     # workers are not stopped mid-run, so tuning() names those that ran though the tuner
     # came to wish fewer: the next epoch starts them all, as pinning tuning() would

@@ -697,7 +697,13 @@ class DataLoader(Generic[T]):
                 if pool.launched and (self._auto or {}).get("fetch_threads"):
                     # the threads that run: the tuner's wish goes through ThreadSteer, which
                     # damps cuts and undoes those that cost throughput
+                    wish = tuning["fetch_threads"]
                     tuning["fetch_threads"] = snap["fetch_threads"]
+                    if wish != snap["fetch_threads"] and tuning.get("reason"):
+                        # the reason argues for the wish: say why another count runs (it read
+                        # "32 threads a worker keep its core busy" beside fetch_threads=64)
+                        tuning["reason"] += (f"; {snap['fetch_threads']} threads run, not {wish}: a cut goes "
+                                             "at most halfway at a time and is undone if it costs throughput")
                 running = snap["num_workers"]
                 if (pool.launched and pool.mode == "workers" and (self._auto or {}).get("num_workers")
                         and tuning["num_workers"] < running):
