@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 
 import numpy as np
 import pytest
@@ -13,6 +14,12 @@ from conveyor import DataLoader
 from conveyor.tuning import Decision, Tuner
 from helpers import children
 
+
+def _burn(seconds: float, clock: Callable[[], float] = time.thread_time) -> None:
+    """Compute for ``seconds`` of ``clock`` (this thread's CPU time by default)."""
+    end = clock() + seconds
+    while clock() < end:
+        pass
 
 class Tiny:
     """Samples cost next to nothing: the main process should keep them."""
@@ -151,9 +158,7 @@ class Computes:
     def __getitem__(self, i: int) -> np.ndarray:
         import multiprocessing as mp
 
-        end = time.thread_time() + 0.001
-        while time.thread_time() < end:
-            pass
+        _burn(0.001)
         if conveyor.get_worker_info() is None:
             self.seen.append((i, len(mp.active_children())))
         return np.full(2, i, dtype=np.int64)
@@ -491,9 +496,7 @@ def test_batches_that_get_costly_leave_the_lean_path_for_the_workers() -> None:
 
         def __getitem__(self, i: int) -> np.ndarray:
             if i >= 8 * 24:
-                end = time.thread_time() + 0.0005
-                while time.thread_time() < end:
-                    pass
+                _burn(0.0005)
             return np.full(2, i, dtype=np.int64)
 
     with DataLoader(Costly(), batch_size=8, num_workers=2, output="numpy") as loader:
@@ -518,9 +521,7 @@ class CheapThenCostly:
 
     def __getitem__(self, i: int) -> np.ndarray:
         if i >= self.costly_from:
-            end = time.thread_time() + 0.002
-            while time.thread_time() < end:
-                pass
+            _burn(0.002)
         return np.full(2, i, dtype=np.int64)
 
 
@@ -642,9 +643,7 @@ class Burns:
         return 8 * 24
 
     def __getitem__(self, i: int) -> np.ndarray:
-        end = time.thread_time() + 0.0002
-        while time.thread_time() < end:
-            pass
+        _burn(0.0002)
         return np.full(2, i, dtype=np.int64)
 
 
@@ -685,9 +684,7 @@ class ColdStart:
 
     def __getitem__(self, i: int) -> np.ndarray:
         if i < self.slow_below:
-            end = time.thread_time() + self.burn
-            while time.thread_time() < end:
-                pass
+            _burn(self.burn)
         return np.full(2, i, dtype=np.int64)
 
 
@@ -730,9 +727,7 @@ def test_the_probes_own_bookkeeping_is_not_a_batchs_cost(monkeypatch: pytest.Mon
     real = conveyor.loader._runqueue_wait
 
     def slow_census() -> float | None:
-        end = time.thread_time() + 0.001
-        while time.thread_time() < end:
-            pass
+        _burn(0.001)
         return real()
 
     trips: list[int] = []
@@ -799,9 +794,7 @@ class Pids:
         return 16
 
     def __getitem__(self, i: int) -> np.ndarray:
-        end = time.perf_counter() + 0.0015
-        while time.perf_counter() < end:
-            pass
+        _burn(0.0015, time.perf_counter)
         return np.array([i, os.getpid()])
 
 

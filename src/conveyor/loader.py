@@ -49,6 +49,7 @@ from .stats import INLINE, Stats
 from .tuning import IO_BOUND, MAX_THREADS, Tuner
 from .tuning import cpu_share as _cores
 from .tuning import no_core_left as _no_core_left
+from .tuning import ranks_here
 from .tuning import usable_cores
 from ._tree import tree_map
 from .transport import to_numpy
@@ -1075,8 +1076,6 @@ def _bulk_batches(dataset: Any, size: int, budget: int = 8 << 20) -> int:
 
 def _ranks_words() -> str:
     """How many training processes share how many cores, in words."""
-    from .tuning import ranks_here
-
     return f"{ranks_here()} training processes share this machine's {usable_cores()} cores"
 
 
