@@ -413,6 +413,43 @@ def test_a_ctrl_c_during_a_full_collection_reaches_the_program(tmp_path: Path) -
     assert threads == "1"
 
 
+CTRL_C_AT_THE_UNFREEZE = textwrap.dedent("""
+    import gc, threading, time
+    from conveyor.executors import processes
+
+    processes._freezes, processes._user_froze = 1, False  # as while forked workers hold the freeze
+
+    def ctrl_c():
+        raise KeyboardInterrupt  # a Ctrl-C handled as the full collection unfreezes
+
+    gc.unfreeze, gc.freeze = ctrl_c, lambda: None
+    during = after = 0
+    try:
+        processes._see_full_collections("start", {"generation": 2})
+        time.sleep(0.5)  # the collection runs: its finalizers would take a Ctrl-C as ignored
+    except KeyboardInterrupt:
+        during = 1
+    try:
+        processes._see_full_collections("stop", {"generation": 2})
+        time.sleep(5)
+    except KeyboardInterrupt:
+        after = 1
+    print(during, after)
+""")
+
+
+@pytest.mark.timeout(60)
+def test_a_ctrl_c_taken_at_the_unfreeze_is_sent_again_once_the_collection_is_over(tmp_path: Path) -> None:
+    # it was sent again 1 ms later from a timer: into the rest of the collection, where a
+    # finalizer takes it as ignored, or (a busy machine) into the callback itself, which
+    # still waited for the timer's thread to start
+    script = tmp_path / "unfreeze.py"
+    script.write_text(CTRL_C_AT_THE_UNFREEZE)
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=50)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["0", "1"], out.stdout + out.stderr
+
+
 def test_a_killed_runs_segments_and_stack_files_are_swept_by_the_next(tmp_path: Path) -> None:
     # a process group killed at once (SIGKILL to every process) leaves no one to unlink its
     # segments: the next process to start workers removes those of processes gone

@@ -9,6 +9,7 @@ slots freed by the garbage collector ride back on the next order.
 
 from __future__ import annotations
 
+import _thread
 import gc
 import math
 import multiprocessing as mp
@@ -688,6 +689,8 @@ def _result(fields: tuple[Any, ...]) -> Result:
 # loaders and lifted when the last such pool closes (unless the user froze first).
 _freezes = 0
 _user_froze = False
+_sigint_held = False  # a Ctrl-C taken in a full collection's callback, for its end
+_in_callback = False  # _see_full_collections is starting the thread that sends it again
 _swept = False  # stale segments of dead processes removed (transport.sweep_stale)
 # Python 3.12's collector keeps immortal objects in the frozen generation: 375 at start on
 # 3.12.1, back after every collection even once unfrozen (3.11 and 3.13 start with none).
@@ -727,20 +730,35 @@ def _see_full_collections(phase: str, info: dict[str, int]) -> None:
     Younger collections, the frequent ones, still leave the frozen objects alone.
 
     A signal that arrives during a collection is handled at the first call Python makes
-    after it, and an exception raised in a gc callback is reported as ignored: a Ctrl-C
-    there was lost. So nothing is called before a young collection returns, and a
-    KeyboardInterrupt raised at the (un)freeze is sent to the main thread again."""
-    if info["generation"] != 2 or _freezes == 0 or _user_froze:  # no call: see above
+    after it, and an exception raised in a gc callback (or a finalizer the collection runs)
+    is reported as ignored: a Ctrl-C there was lost. So nothing is called before a young
+    collection returns, and a KeyboardInterrupt raised at the (un)freeze is sent to the main
+    thread again once the collection is over and this callback has returned. (It was sent
+    from a timer 1 ms after it was taken: on a busy machine the timer's signal landed while
+    this callback still waited for the timer thread to start, and was lost in turn.)"""
+    global _sigint_held, _in_callback
+    if info["generation"] != 2:  # no call: see above
         return
-    try:
-        if phase == "start":
-            gc.unfreeze()
-        else:
-            gc.freeze()
-    except KeyboardInterrupt:
-        # handled here, it would go nowhere: a real SIGINT a moment later, from a thread,
-        # reaches the main thread's code (and wakes a sleep) once the collection is over
-        threading.Timer(0.001, signal.pthread_kill, (threading.main_thread().ident, signal.SIGINT)).start()
+    if _freezes and not _user_froze:
+        try:
+            if phase == "start":
+                gc.unfreeze()
+            else:
+                gc.freeze()
+        except KeyboardInterrupt:
+            _sigint_held = True
+    if phase == "stop" and _sigint_held:
+        _sigint_held = False
+        _in_callback = True
+        # a bare thread: threading's start() waits for the thread, a wait a signal interrupts
+        _thread.start_new_thread(_send_sigint_again, (threading.main_thread().ident,))
+        _in_callback = False  # the last statement, and no call: nothing is handled after it here
+
+
+def _send_sigint_again(main: int) -> None:
+    while _in_callback:  # the main thread holds the GIL until it has left the callback
+        time.sleep(0.0001)
+    signal.pthread_kill(main, signal.SIGINT)
 
 
 def _unfreeze() -> None:
