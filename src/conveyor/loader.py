@@ -97,6 +97,12 @@ RETUNE_EVERY = 4
 # starts them only if it kept the process this little busy: batches computing 1 ms a sample
 # on 4 DDP ranks sharing 2 cores read 0.24-0.47 busy there, run-queue waits taken out.
 CROWDED_WAITS = 0.2
+# Workers that took longer than this many main-process batches, and this long, to start
+# (spawned ones import afresh: 1.2-1.5 s with torch, for batches of ~10 ms) get a head start
+# from the main process even with a worker per core: the training loop stood still for all
+# of it, every epoch. (Forked ones start in ~20 ms.)
+SLOW_START_BATCHES = 8
+SLOW_START_S = 0.1
 
 
 class TooManyFailures(RuntimeError):
@@ -989,9 +995,17 @@ class _Findings:
     batch_s: float | None = None  # what a batch costs the main process, as probing found
     start_s: float | None = None  # from starting the workers to their first batch back
     stop_s: float | None = None  # closing them
+    # an epoch ended, the main process making every batch, before the workers were ready
+    unready: bool = False
 
     def forget(self) -> None:
         self.__init__()  # type: ignore[misc]
+
+    def slow_start(self) -> bool:
+        """Did the workers take longer to start than ``SLOW_START_S``, and than the main
+        process takes to make ``SLOW_START_BATCHES`` batches?"""
+        return (self.start_s is not None and self.batch_s is not None
+                and self.start_s > max(SLOW_START_S, SLOW_START_BATCHES * self.batch_s))
 
     def workers_s(self) -> float | None:
         """What starting and stopping the workers costs, once both were timed."""
@@ -1081,6 +1095,9 @@ def _ranks_words() -> str:
 
 def _start_words(findings: _Findings, cost: float, batches: int) -> str:
     """Why workers that do not persist are not worth starting, in words."""
+    if findings.unready:
+        return (f"starting the workers took longer than the epoch's {batches} batches take in the main process "
+                f"({cost * batches:.2f} s): it made them all while they started")
     return (f"starting and stopping the workers takes {findings.workers_s() or 0.0:.2f} s an epoch, more than "
             f"the epoch's {batches} batches take in the main process ({cost * batches:.2f} s)")
 
@@ -1185,7 +1202,8 @@ class _Pool:
         # ... and with a worker per core, the main process makes no batch while they start:
         # it would only take a core from them (3 MB samples, 2 workers on 2 cores: 1.03x
         # torch's time with that batch, 0.92-0.98 without)
-        self.no_head_start = self.mode == "workers" and self.adaptive and self.num_workers >= _cores()
+        self.no_head_start = (self.mode == "workers" and self.adaptive and self.num_workers >= _cores()
+                              and not self.findings.slow_start())
         # ... nor where an earlier epoch's probe found the batches draw from the global RNGs:
         # made here, the head start drew from the caller's RNGs, not the worker's seeded ones
         # (torch's augmentations differed from epoch 2 on, and the training loop's next draw)
@@ -1336,11 +1354,30 @@ class _Pool:
         if not self.adaptive or self.rng_sensitive or self.no_head_start:
             return False
         ex = self.executor
-        if not getattr(ex, "ready", 1):
+        if getattr(ex, "ready", ex.num_workers) < ex.num_workers:
             for ev in ex.poll(0):  # picks up start-up messages; nothing of ours is in flight
                 if isinstance(ev, Result):
                     ex.release(ev)
         return not self.delivered
+
+    def holds_back(self) -> bool:
+        """Do the batches wait here for workers still starting, the main process making them
+        meanwhile? Until every worker has said hello, where a head start is allowed at all
+        (``serve_here``) and the workers start slowly: spawned (or forkserver) ones import
+        afresh (1.2-1.5 s with torch), and the training loop stood still that long on the
+        first batch handed to them. Forked ones start in ~20 ms: they get their batches at
+        once, and have them made by the time they would hear of them."""
+        if self.delivered or not self.adaptive or self.rng_sensitive or self.no_head_start or not self.starting():
+            return False
+        return getattr(self.executor, "method", "fork") != "fork" or self.findings.slow_start()
+
+    def starting(self) -> bool:
+        """Are some of the workers started still starting (as far as their hellos read)?"""
+        if not self.started:
+            return False
+        ex = self.executor
+        ready = getattr(ex, "ready", None)
+        return ready is not None and ready < ex.num_workers
 
     def local_fetcher(self) -> Fetcher:
         """The main process's own fetcher (made on first use)."""
@@ -1413,9 +1450,11 @@ class _Pool:
         process's modules afresh: 1.2-1.5 s with torch, for epochs of 2000 samples that the
         main process made in 0.064 s (num_workers=2 spent 1.8 s an epoch)."""
         spent = self.findings.workers_s()
-        if spent is None or cost is None or self.persistent or self.epoch_batches is None:
+        if cost is None or self.persistent or self.epoch_batches is None:
             return False
-        return spent >= cost * self.epoch_batches
+        if self.findings.unready:
+            return True  # they started more slowly than a whole epoch was made here
+        return spent is not None and spent >= cost * self.epoch_batches
 
     def fetch_here(self, task: Task) -> Result:
         """Run ``task`` in the main process, timing it for the workers-or-not decision."""
@@ -2023,20 +2062,21 @@ class _Run(Generic[T]):
                 task = Task(pool.seq, self.epoch, list(indices) if self.loader._auto_collation else [indices])
                 pool.seq += 1
                 self.reorder.next = pool.seq
-                starting = pool.mode == "workers" and getattr(self.ex, "ready", 1)
-                if starting:
+                if pool.mode == "workers" and self.ex is not None and not pool.holds_back():
                     self._fill()  # the workers start on the batches after this one
                 else:
                     # if this batch turns out slow and workers start meanwhile, they get the next
-                    # batches at once, all but those of the worker whose RNG this batch stands in for
-                    pool.on_early = lambda: self._fill(hold=(task.seq - self.first_seq) % max(1, pool.num_workers))
+                    # batches once they are ready, all but those of the worker whose RNG this
+                    # batch stands in for
+                    pool.on_early = lambda: pool.holds_back() or self._fill(
+                        hold=(task.seq - self.first_seq) % max(1, pool.num_workers))
                 try:
                     result = pool.fetch_here(task)
                 finally:
                     pool.on_early = None
                 out = self._take(result)
                 if out is not None:
-                    if pool.mode == "workers" and pool.started:
+                    if pool.mode == "workers" and pool.started and not pool.holds_back():
                         # workers started while this batch was made here: the one held back for
                         # it (its RNG stand-in) gets its batches now, not at the next call
                         self._fill()
@@ -2502,6 +2542,9 @@ class _Run(Generic[T]):
         self.finished = True
         self.loader._ended = self.where()
         self.stats.epoch_end()
+        pool = self.pool
+        if pool.launched and not pool.delivered and not pool.persistent and pool.starting():
+            pool.findings.unready = True  # the whole epoch was made here while they started
         if self.owns_pool:
             loader = self.loader
             if loader._inline is None and not loader._iterable and self.pool.serves_every_epoch():
