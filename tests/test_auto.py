@@ -904,3 +904,40 @@ def test_the_findings_weigh_a_start_up_against_the_batches() -> None:
     spawned.unready = True
     said = _start_words(spawned, 0.001, 100)
     assert "took longer than the epoch's 100 batches take in the main process (0.10 s)" in said, said
+
+
+class SlowerInWorkers:
+    """1 ms of computing a sample in the main process, 10 in a worker (a worker's cold cache,
+    a machine busy elsewhere): ``[index, the pid that made it]``."""
+
+    def __len__(self) -> int:
+        return 120
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        _burn(0.010 if conveyor.get_worker_info() is not None else 0.001, time.perf_counter)
+        return np.array([i, os.getpid()])
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("workers", [2, "auto"])
+def test_workers_the_loop_waited_longer_for_than_batches_made_here_take_are_not_started_again(
+        workers: object) -> None:
+    # an epoch's workers that do not persist were started again every epoch once a probe
+    # found batches costly enough, however long the training loop then waited for them
+    me = os.getpid()
+    with DataLoader(SlowerInWorkers(), batch_size=4, num_workers=workers, output="numpy") as loader:
+        epochs, started = [], []
+        for _ in range(3):
+            epochs.append(np.concatenate(list(loader)))
+            started.append(loader.stats()["workers_started"])
+        chosen = loader.tuning()
+        said = loader.report()
+    for got in epochs:
+        assert np.array_equal(got[:, 0], np.arange(120))
+    assert started == [True, False, False], started
+    assert set(epochs[0][:, 1].tolist()) != {me}  # the workers made batches: timed
+    assert set(epochs[1][:, 1].tolist()) == set(epochs[2][:, 1].tolist()) == {me}
+    assert "the training loop waited" in said and "persistent_workers=True" in said, said
+    if workers == "auto":
+        assert chosen is not None and chosen["num_workers"] == 0, chosen
+        assert "the training loop waited" in chosen["reason"], chosen

@@ -997,6 +997,16 @@ class _Findings:
     stop_s: float | None = None  # closing them
     # an epoch ended, the main process making every batch, before the workers were ready
     unready: bool = False
+    # the last whole epoch with workers that do not persist: the training loop's time inside
+    # next() from their start on (start-up included), and the batches it got meanwhile
+    fed_s: float | None = None
+    fed_batches: int = 0
+
+    def fed_more(self, cost: float) -> bool:
+        """Did the loop wait longer for the workers' batches (their stop included) than the
+        main process takes to make as many at ``cost`` each?"""
+        return (self.fed_s is not None and self.fed_batches > 0
+                and self.fed_s + (self.stop_s or 0.0) >= cost * self.fed_batches)
 
     def forget(self) -> None:
         self.__init__()  # type: ignore[misc]
@@ -1098,6 +1108,11 @@ def _start_words(findings: _Findings, cost: float, batches: int) -> str:
     if findings.unready:
         return (f"starting the workers took longer than the epoch's {batches} batches take in the main process "
                 f"({cost * batches:.2f} s): it made them all while they started")
+    if findings.fed_more(cost) and findings.fed_s is not None:
+        n = findings.fed_batches
+        return (f"the training loop waited {findings.fed_s + (findings.stop_s or 0.0):.2f} s an epoch for "
+                f"{n} batches from the workers (their start and stop included), more than the main process "
+                f"takes to make them ({cost * n:.2f} s)")
     return (f"starting and stopping the workers takes {findings.workers_s() or 0.0:.2f} s an epoch, more than "
             f"the epoch's {batches} batches take in the main process ({cost * batches:.2f} s)")
 
@@ -1192,6 +1207,7 @@ class _Pool:
             except TypeError:
                 pass
         self.launched_at = 0.0
+        self.fed_from = (0.0, 0)  # the loop's wait and batches handed, as the workers started
         if self.adaptive and not auto_workers and self.findings.workers_paid:
             # an earlier epoch's probe found these batches worth the workers: each epoch of
             # workers that do not persist probed anew, serially, before forking (3 MB samples
@@ -1320,6 +1336,9 @@ class _Pool:
             self._closers.append(ex)
             self.launched = True
             self.launched_at = time.perf_counter()
+            stats = self.loop_stats
+            stats.flush()  # main-process batches of the lean path: in the totals before the mark
+            self.fed_from = (stats.wait_s, stats.batches)
             if self.tuner is not None:
                 self.tuner.workers_run = self.num_workers
             if self.auto is None:
@@ -1454,6 +1473,8 @@ class _Pool:
             return False
         if self.findings.unready:
             return True  # they started more slowly than a whole epoch was made here
+        if self.findings.fed_more(cost):
+            return True  # the loop waited longer for them than it takes to make their batches
         return spent is not None and spent >= cost * self.epoch_batches
 
     def fetch_here(self, task: Task) -> Result:
@@ -2543,8 +2564,13 @@ class _Run(Generic[T]):
         self.loader._ended = self.where()
         self.stats.epoch_end()
         pool = self.pool
-        if pool.launched and not pool.delivered and not pool.persistent and pool.starting():
-            pool.findings.unready = True  # the whole epoch was made here while they started
+        if pool.launched and not pool.persistent and not pool.dead:
+            if not pool.delivered and pool.starting():
+                pool.findings.unready = True  # the whole epoch was made here while they started
+            stats = self.stats
+            stats.flush()
+            waited, handed = pool.fed_from
+            pool.findings.fed_s, pool.findings.fed_batches = stats.wait_s - waited, stats.batches - handed
         if self.owns_pool:
             loader = self.loader
             if loader._inline is None and not loader._iterable and self.pool.serves_every_epoch():
