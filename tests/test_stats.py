@@ -62,7 +62,7 @@ def test_report_never_suggests_fewer_workers_than_it_has() -> None:
     # 2 workers on 2 cores (1 free for workers): more cores are not to be had; the advice is
     # about the samples, not num_workers=1
     text = report(snap(run(2, batch_s=0.1, step_s=0.01), 2), cores=1)
-    assert ("10 workers would hide it, but 2 workers already use the 1 core free for workers "
+    assert ("10 workers would hide it, but 2 workers already use more than the 1 core free for workers "
             "(one more is left to the training loop): make each sample cheaper") in text
     assert "num_workers=1" not in text
     # a loop that takes next to no time: no count of workers would "hide" loading

@@ -209,8 +209,9 @@ def report(snap: dict[str, Any], cores: int | None = None) -> str:
                 parts.append(f"{head}; {_workers(need)} would hide it")
             elif nw >= cores:
                 parts.append(f"{head}; {_workers(need)} would hide it, but {_workers(nw)} already "
-                             f"{'uses' if nw == 1 else 'use'} the {_cores(cores)} free for workers (one more is "
-                             f"left to the training loop): {cheaper}{storage}")
+                             f"{'uses' if nw == 1 else 'use'} {'more than ' if nw > cores else ''}the "
+                             f"{_cores(cores)} free for workers (one more is left to the training loop): "
+                             f"{cheaper}{storage}")
             else:
                 parts.append(f"{head}; {_workers(need)} would hide it, but only {_cores(cores)} free for "
                              f"workers (one more is left to the training loop): use num_workers={cores}, "
