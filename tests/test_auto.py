@@ -941,3 +941,71 @@ def test_workers_the_loop_waited_longer_for_than_batches_made_here_take_are_not_
     if workers == "auto":
         assert chosen is not None and chosen["num_workers"] == 0, chosen
         assert "the training loop waited" in chosen["reason"], chosen
+
+
+class Costs:
+    """Samples computing ``here_s`` in the main process and ``worker_s`` in a worker (a worker's
+    cold cache, a machine busy elsewhere): ``[index, the pid that made it]``."""
+
+    def __init__(self, n: int, here_s: float, worker_s: float) -> None:
+        self.n, self.here_s, self.worker_s = n, here_s, worker_s
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        _burn(self.worker_s if conveyor.get_worker_info() is not None else self.here_s, time.perf_counter)
+        return np.array([i, os.getpid()])
+
+
+class EveryFourthSlow:
+    """Batches of 4: every fourth batch computes 40 ms, the others 1 ms (a typical batch is
+    cheap, the epoch is not): ``[index, the pid that made it]``."""
+
+    def __len__(self) -> int:
+        return 96
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        _burn(0.010 if (i // 4) % 4 == 0 else 0.00025, time.perf_counter)
+        return np.array([i, os.getpid()])
+
+
+@pytest.mark.timeout(120)
+def test_an_epoch_made_here_on_an_estimate_is_timed_and_the_faster_way_kept() -> None:
+    # probing timed a typical batch at 1 ms, blind to the slow ones; the workers' epoch fed
+    # the loop a batch every 5 ms. The next epoch is made here on that estimate, and timed:
+    # ~11 ms a batch. The one after has workers again.
+    me = os.getpid()
+    with DataLoader(EveryFourthSlow(), batch_size=4, num_workers=2, output="numpy") as loader:
+        found = loader._findings
+        found.workers_paid, found.batch_s, found.start_s, found.stop_s = True, 0.001, 0.02, 0.0
+        found.fed_s, found.fed_batches = 0.12, 24
+        trial = np.concatenate(list(loader))
+        measured = found.here_s, found.here_batches
+        after = np.concatenate(list(loader))
+        said = loader.report()
+    assert np.array_equal(trial[:, 0], np.arange(96)) and np.array_equal(after[:, 0], np.arange(96))
+    assert (trial[:, 1] == me).all()
+    assert measured[1] == 24 and measured[0] is not None and measured[0] / 24 > 0.005, measured
+    assert (after[:, 1] != me).any()
+    assert "the training loop waited" not in said, said
+
+
+@pytest.mark.timeout(120)
+def test_auto_takes_workers_up_again_when_batches_made_here_grow_costly_in_a_later_epoch() -> None:
+    # "auto" settled on the main process (its workers fed the loop more slowly than batches
+    # made here); a later epoch's batches cost 8x more here, more than the workers took. With
+    # more than one fetch thread each epoch has a pool of its own, and the pool of that epoch
+    # started no workers however costly its batches grew
+    me = os.getpid()
+    ds = Costs(192, 0.001, 0.005)
+    with DataLoader(ds, batch_size=4, num_workers="auto", fetch_threads=2, output="numpy") as loader:
+        first, second = np.concatenate(list(loader)), np.concatenate(list(loader))
+        chosen = loader.tuning()
+        ds.here_s = 0.008
+        third = np.concatenate(list(loader))
+    for got in (first, second, third):
+        assert np.array_equal(got[:, 0], np.arange(192))
+    assert chosen is not None and chosen["num_workers"] == 0 and "the training loop waited" in chosen["reason"], chosen
+    assert (second[:, 1] == me).all()
+    assert (third[:, 1] != me).any()

@@ -286,10 +286,12 @@ def test_fetch_threads_fetch_each_unbatched_sample_once(worker_type: str, on_err
 
 
 class _SlowBatches(tud.Dataset):
-    """4 ms a sample: each batch of 4 is clearly worth a worker."""
+    """4 ms a sample: each batch of 4 is clearly worth a worker, and 24 batches an epoch
+    outweigh starting them (the loop's wait for their batches, start-up included, is timed
+    against a batch made here: with 8 batches a loaded machine's start-up tipped it)."""
 
     def __len__(self) -> int:
-        return 32
+        return 96
 
     def __getitem__(self, i: int) -> torch.Tensor:
         import time

@@ -1001,12 +1001,30 @@ class _Findings:
     # next() from their start on (start-up included), and the batches it got meanwhile
     fed_s: float | None = None
     fed_batches: int = 0
+    # the last whole epoch made in the main process once such workers had been timed: the
+    # loop's time inside next(), and its batches
+    here_s: float | None = None
+    here_batches: int = 0
 
-    def fed_more(self, cost: float) -> bool:
-        """Did the loop wait longer for the workers' batches (their stop included) than the
-        main process takes to make as many at ``cost`` each?"""
-        return (self.fed_s is not None and self.fed_batches > 0
-                and self.fed_s + (self.stop_s or 0.0) >= cost * self.fed_batches)
+    def fed_a_batch(self) -> float | None:
+        """The loop's time for a batch from the workers (their stop included), if timed."""
+        if self.fed_s is None or self.fed_batches == 0:
+            return None
+        return (self.fed_s + (self.stop_s or 0.0)) / self.fed_batches
+
+    def made_a_batch(self, cost: float) -> float:
+        """The loop's time for a batch made here: ``cost`` (a typical batch as timed here,
+        blind to rare slow samples), or what an epoch made here measured, if more."""
+        if self.here_s is None or not self.here_batches:
+            return cost
+        return max(cost, self.here_s / self.here_batches)
+
+    def workers_lose(self, cost: float) -> bool:
+        """Did the loop wait longer for the workers' batches than for batches made here?
+        Until an epoch made here measures the latter, ``cost`` stands in for it: the next
+        epoch is then made here, and measured, and the faster way is kept."""
+        fed = self.fed_a_batch()
+        return fed is not None and fed >= self.made_a_batch(cost)
 
     def forget(self) -> None:
         self.__init__()  # type: ignore[misc]
@@ -1108,11 +1126,12 @@ def _start_words(findings: _Findings, cost: float, batches: int) -> str:
     if findings.unready:
         return (f"starting the workers took longer than the epoch's {batches} batches take in the main process "
                 f"({cost * batches:.2f} s): it made them all while they started")
-    if findings.fed_more(cost) and findings.fed_s is not None:
-        n = findings.fed_batches
-        return (f"the training loop waited {findings.fed_s + (findings.stop_s or 0.0):.2f} s an epoch for "
-                f"{n} batches from the workers (their start and stop included), more than the main process "
-                f"takes to make them ({cost * n:.2f} s)")
+    fed = findings.fed_a_batch()
+    if fed is not None and findings.workers_lose(cost):
+        measured = "" if findings.here_s is None else ", as an epoch of them measured it"
+        return (f"the training loop waited {fed * 1e3:.1f} ms a batch for the workers' batches (their start and "
+                f"stop included), more than for one made in the main process "
+                f"({findings.made_a_batch(cost) * 1e3:.1f} ms{measured})")
     return (f"starting and stopping the workers takes {findings.workers_s() or 0.0:.2f} s an epoch, more than "
             f"the epoch's {batches} batches take in the main process ({cost * batches:.2f} s)")
 
@@ -1208,6 +1227,7 @@ class _Pool:
                 pass
         self.launched_at = 0.0
         self.fed_from = (0.0, 0)  # the loop's wait and batches handed, as the workers started
+        self.here_from: tuple[float, int] | None = None  # ... as this pool began, where that is wanted
         if self.adaptive and not auto_workers and self.findings.workers_paid:
             # an earlier epoch's probe found these batches worth the workers: each epoch of
             # workers that do not persist probed anew, serially, before forking (3 MB samples
@@ -1265,6 +1285,10 @@ class _Pool:
         # plain batches (no per-sample seeding, no skipping) need no task envelope in the main process
         self.quick = (self.spec.auto_collation and not self.spec.iterable and self.spec.seed is None
                       and self.spec.on_error == "raise")
+        if self.findings.fed_s is not None and not self.persistent:
+            # an epoch made here, once workers were timed, is timed too: which fed the loop faster?
+            self.loop_stats.flush()
+            self.here_from = (self.loop_stats.wait_s, self.loop_stats.batches)
 
     def serves_every_epoch(self) -> bool:
         """Is this an "auto" pool that settled on the main process for good (its choice of no
@@ -1296,7 +1320,8 @@ class _Pool:
             # the probe that would tell whether the dataset draws from the global RNGs does
             # not run again: with workers, the workers make every batch, as torch's would
             self.mode = "workers" if self.num_workers else "inline"
-            self.adaptive = False
+            # ... without workers, batches that grow costly take them up again (``_Pool.note``)
+            self.adaptive = not self.num_workers
             cost = self.findings.batch_s
             if self.num_workers and not self.timed and cost is not None and self._start_outweighs(cost):
                 # the workers would cost more than they save: the main process makes the
@@ -1473,8 +1498,8 @@ class _Pool:
             return False
         if self.findings.unready:
             return True  # they started more slowly than a whole epoch was made here
-        if self.findings.fed_more(cost):
-            return True  # the loop waited longer for them than it takes to make their batches
+        if self.findings.workers_lose(cost):
+            return True  # the loop waited longer for their batches than for those made here
         return spent is not None and spent >= cost * self.epoch_batches
 
     def fetch_here(self, task: Task) -> Result:
@@ -2571,6 +2596,11 @@ class _Run(Generic[T]):
             stats.flush()
             waited, handed = pool.fed_from
             pool.findings.fed_s, pool.findings.fed_batches = stats.wait_s - waited, stats.batches - handed
+        elif pool.here_from is not None and not pool.launched and not pool.dead:
+            self.stats.flush()
+            waited, handed = pool.here_from
+            if self.stats.batches > handed:
+                pool.findings.here_s, pool.findings.here_batches = self.stats.wait_s - waited, self.stats.batches - handed
         if self.owns_pool:
             loader = self.loader
             if loader._inline is None and not loader._iterable and self.pool.serves_every_epoch():
