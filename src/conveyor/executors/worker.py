@@ -902,11 +902,10 @@ def _serve(spec: WorkerSpec, worker_id: int, gen: int, tasks: Any, results: Any,
         torch.set_num_threads(1)
         _route_torch_collate(torch)
     stack_at = stack_path(prefix, worker_id, gen)
-    stack_file = _install_stack_dump(stack_at)
     from ..transport import SlotPool, Writer, encode
     from ..transport import segment as _segment
 
-    pool = SlotPool(f"{prefix}w{worker_id}g{gen}_") if _segment.available() else None
+    pool: SlotPool | None = None
     parent = ParentWatch(parent_pid)
 
     def cleanup() -> None:
@@ -920,8 +919,6 @@ def _serve(spec: WorkerSpec, worker_id: int, gen: int, tasks: Any, results: Any,
             # pool: every name of this worker's goes
             _segment.sweep(pool.prefix)
 
-    _watchdog(parent, cleanup)
-
     def on_term(signum: int, frame: Any) -> None:
         # SIGTERM/SIGHUP to the whole process group (timeout, systemd, SLURM's scancel, a
         # closed terminal) ends the main process before it can sweep: each worker removes its
@@ -932,9 +929,13 @@ def _serve(spec: WorkerSpec, worker_id: int, gen: int, tasks: Any, results: Any,
 
     for sig in (signal.SIGTERM, getattr(signal, "SIGHUP", None)):
         # a signal the main process ignores (``nohup``: SIGHUP) stays ignored here too: the
-        # closed terminal that ends nothing else must not end the workers either
+        # closed terminal that ends nothing else must not end the workers either. Installed
+        # before the stack file is made: a SIGTERM in between left it in /tmp (3 of 40 trials)
         if sig is not None and signal.getsignal(sig) is not signal.SIG_IGN:
             signal.signal(sig, on_term)
+    stack_file = _install_stack_dump(stack_at)
+    pool = SlotPool(f"{prefix}w{worker_id}g{gen}_") if _segment.available() else None
+    _watchdog(parent, cleanup)
     try:
         try:
             fetcher = start_worker(spec, worker_id, kind="process")
