@@ -23,6 +23,7 @@ import math
 import operator
 import pickle
 import sys
+import threading
 import time
 import warnings
 import weakref
@@ -1227,6 +1228,7 @@ class _Pool:
                 pass
         self.launched_at = 0.0
         self.fed_from = (0.0, 0)  # the loop's wait and batches handed, as the workers started
+        self.closer: int | None = None  # the thread that closed this pool
         self.here_from: tuple[float, int] | None = None  # ... as this pool began, where that is wanted
         if self.adaptive and not auto_workers and self.findings.workers_paid:
             # an earlier epoch's probe found these batches worth the workers: each epoch of
@@ -1359,6 +1361,9 @@ class _Pool:
                                      collect=first)
             self._holder.append(ex)
             self._closers.append(ex)
+            if self.dead:  # close() from another thread while they started: nothing else closes them
+                ex.close()
+                raise RuntimeError("this DataLoader's workers were shut down")
             self.launched = True
             self.launched_at = time.perf_counter()
             stats = self.loop_stats
@@ -1815,6 +1820,7 @@ class _Pool:
 
     def close(self) -> None:
         self.dead = True
+        self.closer = threading.get_ident()
         t0 = time.perf_counter()
         self._finalizer()
         if self.launched:
@@ -2071,6 +2077,15 @@ class _Run(Generic[T]):
                 batch, size = self._next()
         except StopIteration:
             self._finish()
+            raise
+        except Exception:
+            pool = self.pool
+            if pool.dead and pool.closer not in (None, threading.get_ident()):
+                # close() from another thread, while this one made a batch or waited on the
+                # workers it shut down (a process object closed under a poll, a restart or a
+                # start refused): the epoch ends, as it does when close() comes between batches
+                self._finish()
+                raise StopIteration from None
             raise
         if self.replicas_done:
             self.replicas_done[max(self.out_worker, 0)] += 1

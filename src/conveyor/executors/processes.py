@@ -10,6 +10,7 @@ slots freed by the garbage collector ride back on the next order.
 from __future__ import annotations
 
 import _thread
+import contextlib
 import gc
 import math
 import multiprocessing as mp
@@ -140,7 +141,7 @@ def _under_main_guard(path: str) -> set[str]:
 
 
 class _Worker:
-    __slots__ = ("proc", "tasks", "results", "gen", "pid", "ready", "inbox", "bell", "born")
+    __slots__ = ("proc", "tasks", "results", "gen", "pid", "ready", "inbox", "bell", "born", "reaped")
 
     def __init__(self, proc: Any, tasks: Connection, results: Connection, gen: int,
                  bell: Doorbell | None = None) -> None:
@@ -153,6 +154,7 @@ class _Worker:
         self.ready = False
         self.inbox = Inbox(results)  # every read of ``results`` goes through it
         self.born = time.monotonic()
+        self.reaped = False
 
 
 class ProcessExecutor:
@@ -187,6 +189,12 @@ class ProcessExecutor:
         self.gens = [0] * num_workers
         self.closed = False
         self._shut = False  # close() ran to its end
+        # close() from another thread than the one iterating, while that one's epoch ends and
+        # closes too: one runs, the other waits for it (the two closed each worker's bell, the
+        # second time another file's descriptor, perhaps). A finalizer re-entering returns.
+        self._closing = threading.RLock()
+        self._in_close = False
+        self._reaping = threading.Lock()
         self.warned = False
         self.hung: set[int] = set()  # workers a timeout found stuck: close() kills them at once
         self.kill_causes: dict[int, tuple[str, str | None]] = {}  # workers killed on purpose: why
@@ -240,13 +248,14 @@ class ProcessExecutor:
             self.froze = True
             _freeze(self.collect)
         before = _my_children()
+        held = _CtrlCHeld()
         try:
-            proc.start()
+            with held:
+                proc.start()
             task_r.close()
             res_w.close()
             wk = _Worker(proc, task_w, res_r, gen, bell)
             self.workers[w] = wk  # recorded at once: close() now knows it, whatever comes next
-            return wk
         except BaseException as exc:
             # a start that failed, or Ctrl-C while forking: a child that started is recorded
             # nowhere close() looks (the interrupt may land before multiprocessing keeps its
@@ -278,6 +287,8 @@ class ProcessExecutor:
                              "dataset, collate_fn and worker_init_fn: each must be picklable "
                              "(defined at module level, not a lambda or a local function).")
             raise
+        held.deliver()  # a Ctrl-C while forking: now, with the worker recorded for close() to stop
+        return wk
 
     # -- running ----------------------------------------------------------
     def submit(self, worker: int, tasks: list[Task]) -> None:
@@ -485,12 +496,20 @@ class ProcessExecutor:
                 self.views.forget_worker(worker, old.gen)
             transport.sweep(f"{self.prefix}w{worker}g{old.gen}_")
             self.pending_freed.pop((worker, old.gen), None)
+            # reaped (its process object closed): a Ctrl-C while the replacement starts left
+            # it here, and every close() after raised "process object is closed"
+            self.workers[worker] = None
         tasks = self.ledger.take(worker)
         deadline = time.monotonic() + wait_s
         for attempt in range(1, START_TRIES + 1):
             self.gens[worker] += 1
             wk = self._spawn(worker)
             self.workers[worker] = wk
+            if self.closed:  # close() from another thread while this one started
+                with contextlib.suppress(ValueError):
+                    self._reap(wk, timeout=0.0)
+                self.workers[worker] = None
+                raise RuntimeError("this DataLoader's workers were shut down")
             self._watch(worker, wk)
             # wait for its hello so start-up failures surface here
             code = self._await_hello(worker, wk, deadline, wait_s)
@@ -505,6 +524,7 @@ class ProcessExecutor:
             # like one after it, which the next replacement makes good. It ended the epoch.
             self._unwatch(wk)
             self._reap(wk, timeout=0.0)
+            self.workers[worker] = None
             transport.sweep(f"{self.prefix}w{worker}g{wk.gen}_")
         raise AssertionError("unreachable")  # pragma: no cover
 
@@ -603,17 +623,25 @@ class ProcessExecutor:
 
     # -- shutdown ---------------------------------------------------------
     def _reap(self, wk: _Worker, timeout: float = 5.0) -> None:
+        with self._reaping:  # once: a second close of its descriptors may close another file's
+            if wk.reaped:
+                return
+            wk.reaped = True
         try:
-            _tell(wk, Order(stop=True))
-        except (BrokenPipeError, OSError):
-            pass
-        wk.proc.join(timeout)
-        if wk.proc.is_alive():
-            wk.proc.terminate()
-            wk.proc.join(2.0)
-        if wk.proc.is_alive():
-            wk.proc.kill()
-            wk.proc.join(2.0)
+            try:
+                _tell(wk, Order(stop=True))
+            except (BrokenPipeError, OSError):
+                pass
+            wk.proc.join(timeout)
+            if wk.proc.is_alive():
+                wk.proc.terminate()
+                wk.proc.join(2.0)
+            if wk.proc.is_alive():
+                wk.proc.kill()
+                wk.proc.join(2.0)
+        except BaseException:
+            wk.reaped = False  # cut short (Ctrl-C) while it waited: the next close() reaps it
+            raise
         for conn in (wk.tasks, wk.results):
             try:
                 conn.close()
@@ -636,28 +664,44 @@ class ProcessExecutor:
         # again, and a worker is forgotten only once it is reaped.
         if self._shut or os.getpid() != self.parent_pid:
             return  # a forked child inherits this object: only its creator may close it
-        self.closed = True
-        live = [(w, wk) for w, wk in enumerate(self.workers) if wk is not None]
-        for w, wk in live:
-            if w in self.hung:
-                wk.proc.kill()  # stuck in a sample: it would not read the stop order in time
-            elif not wk.ready:
-                # still starting (importing, worker_init_fn), holding no batch: it would read
-                # the stop order only once started. A spawned worker imports for ~1 s, and an
-                # epoch the main process made alone waited that long for it at its end
-                wk.proc.terminate()
-        for _, wk in live:
+        with self._closing:
+            if self._shut or self._in_close:
+                return
+            self._in_close = True
             try:
-                _tell(wk, Order(stop=True))
-            except (BrokenPipeError, OSError):
-                pass
-        deadline = time.monotonic() + 5.0
-        for _, wk in live:
-            wk.proc.join(max(0.0, deadline - time.monotonic()))
-        for w, wk in live:
-            self._unwatch(wk)
-            self._reap(wk, timeout=0.0)
-            self.workers[w] = None
+                self._close()
+            finally:
+                self._in_close = False
+
+    def _close(self) -> None:
+        self.closed = True
+        # (another thread iterating may be replacing a worker meanwhile: one it reaped has its
+        # process object closed, one it started after this snapshot is reaped by the next round)
+        while live := [(w, wk) for w, wk in enumerate(self.workers) if wk is not None]:
+            for w, wk in live:
+                with contextlib.suppress(ValueError):  # closed: reaped by that other thread
+                    if w in self.hung:
+                        wk.proc.kill()  # stuck in a sample: it would not read the stop order in time
+                    elif not wk.ready:
+                        # still starting (importing, worker_init_fn), holding no batch: it would
+                        # read the stop order only once started. A spawned worker imports for
+                        # ~1 s, and an epoch the main process made alone waited that long for it
+                        wk.proc.terminate()
+            for _, wk in live:
+                try:
+                    _tell(wk, Order(stop=True))
+                except (BrokenPipeError, OSError):
+                    pass
+            deadline = time.monotonic() + 5.0
+            for _, wk in live:
+                with contextlib.suppress(ValueError):
+                    wk.proc.join(max(0.0, deadline - time.monotonic()))
+            for w, wk in live:
+                with contextlib.suppress(ValueError, AttributeError, KeyError):
+                    self._unwatch(wk)
+                    self._reap(wk, timeout=0.0)
+                if self.workers[w] is wk:
+                    self.workers[w] = None
         self.views.close()
         transport.sweep(self.prefix)
         _sweep_stacks(self.prefix)
@@ -665,6 +709,37 @@ class ProcessExecutor:
             self.froze = False
             _unfreeze()
         self._shut = True
+
+
+class _CtrlCHeld:
+    """Holds a Ctrl-C that arrives inside the block, for ``deliver()`` once it is over.
+
+    Forking runs ``os.register_at_fork`` hooks in the parent (logging's lock release): a
+    KeyboardInterrupt raised in one is reported as ignored, and the training loop went on
+    (3 of 30 interrupted runs with 2 workers, 12 of 40 during worker restarts). Only the
+    main thread sets handlers; a handler that is not Python's (ignored, or the default
+    action) is left alone."""
+
+    def __init__(self) -> None:
+        self.handler: Any = None
+        self.frames: list[Any] = []
+
+    def __enter__(self) -> _CtrlCHeld:
+        if threading.current_thread() is threading.main_thread():
+            handler = signal.getsignal(signal.SIGINT)
+            if callable(handler):
+                self.handler = handler
+                signal.signal(signal.SIGINT, lambda signum, frame: self.frames.append(frame))
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.handler is not None:
+            signal.signal(signal.SIGINT, self.handler)
+
+    def deliver(self) -> None:
+        if self.frames and self.handler is not None:
+            self.frames, frame = [], self.frames[0]
+            self.handler(signal.SIGINT, frame)
 
 
 def _tell(wk: _Worker, order: Order) -> None:
