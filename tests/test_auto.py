@@ -787,6 +787,15 @@ def test_tuning_names_the_workers_that_run(monkeypatch: pytest.MonkeyPatch) -> N
         assert loader.tuning()["num_workers"] == loader.stats()["num_workers"] == 2
 
 
+def _epochs(loader: DataLoader, n: int) -> tuple[list[np.ndarray], list[bool]]:
+    """``n`` epochs' batches, each epoch's concatenated, and whether each started workers."""
+    epochs, started = [], []
+    for _ in range(n):
+        epochs.append(np.concatenate(list(loader)))
+        started.append(loader.stats()["workers_started"])
+    return epochs, started
+
+
 class Pids:
     """Samples of 1.5 ms of computing: ``[index, the pid that made it]``."""
 
@@ -810,10 +819,7 @@ def test_workers_that_cost_more_to_start_than_an_epoch_takes_are_not_started_aga
     me = os.getpid()
     with DataLoader(Pids(), batch_size=2, num_workers=workers, multiprocessing_context="spawn",
                     persistent_workers=persistent, output="numpy") as loader:
-        epochs, started = [], []
-        for _ in range(3):
-            epochs.append(np.concatenate(list(loader)))
-            started.append(loader.stats()["workers_started"])
+        epochs, started = _epochs(loader, 3)
         chosen = loader.tuning()
         said = loader.report()
         makers = [set(got[:, 1].tolist()) for got in epochs]
@@ -926,10 +932,7 @@ def test_workers_the_loop_waited_longer_for_than_batches_made_here_take_are_not_
     # found batches costly enough, however long the training loop then waited for them
     me = os.getpid()
     with DataLoader(SlowerInWorkers(), batch_size=4, num_workers=workers, output="numpy") as loader:
-        epochs, started = [], []
-        for _ in range(3):
-            epochs.append(np.concatenate(list(loader)))
-            started.append(loader.stats()["workers_started"])
+        epochs, started = _epochs(loader, 3)
         chosen = loader.tuning()
         said = loader.report()
     for got in epochs:

@@ -399,16 +399,19 @@ CTRL_C_IN_A_COLLECTION = textwrap.dedent("""
 """)
 
 
+def _printed(tmp_path: Path, text: str, timeout: float) -> tuple[list[str], str]:
+    """Run ``text`` as a script that must succeed: the words it printed, and its stderr."""
+    out = run_script(tmp_path / "script.py", text, dict(os.environ), timeout)
+    assert out.returncode == 0, out.stderr
+    return out.stdout.split(), out.stderr
+
+
 @pytest.mark.timeout(120)
 def test_a_ctrl_c_during_a_full_collection_reaches_the_program(tmp_path: Path) -> None:
     # the gc callback that unfreezes for full collections is where a signal arriving during
     # one was handled; an exception raised in a gc callback is reported as ignored: lost
-    script = tmp_path / "ctrl_c.py"
-    script.write_text(CTRL_C_IN_A_COLLECTION)
-    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=100)
-    assert out.returncode == 0, out.stderr
-    lost, still_called, threads = out.stdout.split()
-    assert lost == "0", out.stderr  # every Ctrl-C reached the program
+    (lost, still_called, threads), err = _printed(tmp_path, CTRL_C_IN_A_COLLECTION, 100)
+    assert lost == "0", err  # every Ctrl-C reached the program
     assert still_called == "False"  # nothing of ours frozen: no Python in collections
     assert threads == "1"
 
@@ -443,11 +446,8 @@ def test_a_ctrl_c_taken_at_the_unfreeze_is_sent_again_once_the_collection_is_ove
     # it was sent again 1 ms later from a timer: into the rest of the collection, where a
     # finalizer takes it as ignored, or (a busy machine) into the callback itself, which
     # still waited for the timer's thread to start
-    script = tmp_path / "unfreeze.py"
-    script.write_text(CTRL_C_AT_THE_UNFREEZE)
-    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=50)
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.split() == ["0", "1"], out.stdout + out.stderr
+    words, err = _printed(tmp_path, CTRL_C_AT_THE_UNFREEZE, 50)
+    assert words == ["0", "1"], err
 
 
 CTRL_C_WHILE_FORKING = textwrap.dedent("""
@@ -481,12 +481,8 @@ CTRL_C_WHILE_FORKING = textwrap.dedent("""
 def test_a_ctrl_c_while_a_worker_forks_reaches_the_program(tmp_path: Path) -> None:
     # handled in a fork hook of the parent, the KeyboardInterrupt was reported as ignored and
     # training went on (3 of 30 interrupted runs, 12 of 40 during worker restarts)
-    script = tmp_path / "fork_ctrl_c.py"
-    script.write_text(CTRL_C_WHILE_FORKING)
-    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=50)
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.split() == ["interrupted"], out.stdout + out.stderr
-    assert "Exception ignored" not in out.stderr, out.stderr
+    words, err = _printed(tmp_path, CTRL_C_WHILE_FORKING, 50)
+    assert words == ["interrupted"] and "Exception ignored" not in err, (words, err)
 
 
 def test_a_killed_runs_segments_and_stack_files_are_swept_by_the_next(tmp_path: Path) -> None:

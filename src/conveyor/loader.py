@@ -2123,7 +2123,9 @@ class _Run(Generic[T]):
                 task = Task(pool.seq, self.epoch, list(indices) if self.loader._auto_collation else [indices])
                 pool.seq += 1
                 self.reorder.next = pool.seq
-                if pool.mode == "workers" and self.ex is not None and not pool.holds_back():
+                if pool.mode == "workers":
+                    _ = self.ex  # started now if not yet (a later epoch's workers, which paid)
+                if pool.mode == "workers" and not pool.holds_back():
                     self._fill()  # the workers start on the batches after this one
                 else:
                     # if this batch turns out slow and workers start meanwhile, they get the next

@@ -697,8 +697,9 @@ class ProcessExecutor:
                 with contextlib.suppress(ValueError):
                     wk.proc.join(max(0.0, deadline - time.monotonic()))
             for w, wk in live:
-                with contextlib.suppress(ValueError, AttributeError, KeyError):
+                with contextlib.suppress(KeyError):  # unwatched by that other thread
                     self._unwatch(wk)
+                with contextlib.suppress(ValueError, AttributeError):
                     self._reap(wk, timeout=0.0)
                 if self.workers[w] is wk:
                     self.workers[w] = None
