@@ -168,6 +168,22 @@ def test_a_batch_seen_waiting_counts_as_io_without_cpu_times() -> None:
     assert "I/O-bound" not in untold.decision().reason
 
 
+def test_windows_before_the_workers_first_cpu_times_are_not_read_as_no_cpu_clocks() -> None:
+    # a worker's first CPU time comes with its fourth batch: the first window had none, and
+    # was read as a machine without CPU clocks, a probe of 2 fetch threads a worker (JPEG
+    # decoding, CPU-bound, then kept them: 0.82-0.90 of num_workers=2's time)
+    tuner = Tuner(cpu=2, ram=None, warmup=4)
+    sim = Sim(Workload(cpu=0.09, io=0.0, step=0.0001, cores=2), Decision(2, 1, 2))
+    first = sim.run(4)
+    for w in first["workers"].values():
+        w["cpu_s"], w["cpu_batches"] = None, 0
+    tuner.observe(first)
+    assert tuner.measuring and "first CPU times" in tuner.decision().reason, tuner.decision()
+    tuner.observe(sim.run(8))
+    d = tuner.decision()
+    assert not tuner.measuring and "CPU-bound" in d.reason and d.fetch_threads == 1, d
+
+
 def test_measures_before_deciding() -> None:
     tuner = Tuner(cpu=4, ram=None, warmup=8)
     tuner.observe(Sim(Workload(0.02, 0.0, 0.01, 4), Decision(0, 1, None)).run(4))

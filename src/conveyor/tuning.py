@@ -332,6 +332,7 @@ class Tuner:
         self._batch_bytes: float | None = None
         self._io_evidence = False
         self._probed = False
+        self._awaiting_cpu = False  # the first windows came before any worker's CPU time
         self.thread_steer = ThreadSteer()
         self.threads_run: int | None = None  # fetch threads the loader last ran (set by the loader)
         self.workers_run = 0  # workers the loader last ran (set by the loader: never stopped mid-run)
@@ -431,7 +432,7 @@ class Tuner:
     @property
     def measuring(self) -> bool:
         """True until enough batches were seen for a first estimate (the decision is a placeholder)."""
-        return self._pinned is None and self.seen < self.warmup
+        return self._pinned is None and (self.seen < self.warmup or self._awaiting_cpu)
 
     def decision(self) -> Decision:
         """The current recommendation (settled once it stopped changing)."""
@@ -454,6 +455,14 @@ class Tuner:
         sws = [(i, w) for i, w in enumerate(ws) if w.step is not None]
         step = (sum(w.step * w.batches * (i + 1) for i, w in sws) / sum(w.batches * (i + 1) for i, w in sws)
                 if sws else 0.0)
+        # A worker's first CPU time comes with its fourth batch (its first batch's one-time costs
+        # left out): windows before that have none, and were read as "no CPU clocks here", a
+        # probe of two fetch threads a worker. JPEG decoding, CPU-bound, kept 2 threads (the cut
+        # back undone as costing throughput): 0.82-0.90 of num_workers=2's time, 4 short epochs.
+        self._awaiting_cpu = (cpu is None and not self._io_evidence
+                              and self.seen < self.warmup + 4 * max(1, ws[-1].workers))
+        if self._awaiting_cpu:
+            return None
         # without CPU times: did running more fetches than cores leave each fetch as fast?
         if cpu is None and not self._io_evidence:
             within = [w.work for w in self.windows if w.lanes <= self.cpu]
@@ -544,7 +553,9 @@ class Tuner:
             return
         e = self._estimate()
         if e is None:
-            self._current = replace(self._current, reason=f"measuring ({self.seen} of {self.warmup} batches)")
+            why = ("measuring (the workers' first CPU times come with their fourth batch)" if self._awaiting_cpu
+                   else f"measuring ({self.seen} of {self.warmup} batches)")
+            self._current = replace(self._current, reason=why)
             return
         d = self._choose(e)
         prev = self._current
