@@ -1289,8 +1289,7 @@ class _Pool:
                       and self.spec.on_error == "raise")
         if self.findings.fed_s is not None and not self.persistent:
             # an epoch made here, once workers were timed, is timed too: which fed the loop faster?
-            self.loop_stats.flush()
-            self.here_from = (self.loop_stats.wait_s, self.loop_stats.batches)
+            self.here_from = self.loop_stats.mark()
 
     def serves_every_epoch(self) -> bool:
         """Is this an "auto" pool that settled on the main process for good (its choice of no
@@ -1366,9 +1365,7 @@ class _Pool:
                 raise RuntimeError("this DataLoader's workers were shut down")
             self.launched = True
             self.launched_at = time.perf_counter()
-            stats = self.loop_stats
-            stats.flush()  # main-process batches of the lean path: in the totals before the mark
-            self.fed_from = (stats.wait_s, stats.batches)
+            self.fed_from = self.loop_stats.mark()
             if self.tuner is not None:
                 self.tuner.workers_run = self.num_workers
             if self.auto is None:
@@ -2609,15 +2606,11 @@ class _Run(Generic[T]):
         if pool.launched and not pool.persistent and not pool.dead:
             if not pool.delivered and pool.starting():
                 pool.findings.unready = True  # the whole epoch was made here while they started
-            stats = self.stats
-            stats.flush()
-            waited, handed = pool.fed_from
-            pool.findings.fed_s, pool.findings.fed_batches = stats.wait_s - waited, stats.batches - handed
+            pool.findings.fed_s, pool.findings.fed_batches = self.stats.since(pool.fed_from)
         elif pool.here_from is not None and not pool.launched and not pool.dead:
-            self.stats.flush()
-            waited, handed = pool.here_from
-            if self.stats.batches > handed:
-                pool.findings.here_s, pool.findings.here_batches = self.stats.wait_s - waited, self.stats.batches - handed
+            waited, handed = self.stats.since(pool.here_from)
+            if handed:
+                pool.findings.here_s, pool.findings.here_batches = waited, handed
         if self.owns_pool:
             loader = self.loader
             if loader._inline is None and not loader._iterable and self.pool.serves_every_epoch():
