@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -258,19 +260,51 @@ def test_workers_report_cpu_over_spans_of_batches_the_main_process_per_batch() -
     clock = iter(range(1, 1000))  # every read of the CPU clock: one more second
     spec = WorkerSpec(list(range(100)), None, True, 2, False, False, 1, 0)
     worker = Fetcher(spec, 0, cpu_clock=lambda: float(next(clock)))
-    spans = {k + 1: r.cpu_span for k in range(20) if (r := worker.run(Task(k, 0, [k, k + 1]))).cpu is not None}
+    timed = {k + 1: r for k in range(20) if (r := worker.run(Task(k, 0, [k, k + 1]))).cpu is not None}
+    spans = {k: r.cpu_span for k, r in timed.items()}
     # a span starts at the second batch; the first ends after three, the next every eight
-    assert list(spans) == [4, 12, 20] and [n for n, _ in spans.values()] == [3, 8, 8]
-    assert all(wall >= 0 for _, wall in spans.values())
+    assert list(spans) == [4, 12, 20] and [n for n, _, _ in spans.values()] == [3, 8, 8]
+    # one clock: the core seconds of a span are its CPU seconds
+    assert all(wall >= 0 and core == timed[k].cpu == 1.0 for k, (_, wall, core) in spans.items())
     main = Fetcher(spec, None, cpu_clock=lambda: float(next(clock)))
     timed = [k + 1 for k in range(20) if (r := main.run(Task(k, 0, [k]))).cpu is not None]
     assert timed == [2, 10, 18] and all(main.run(Task(0, 0, [0])).cpu_span is None for _ in range(9))
     st = Stats(started=0.0)
-    st.result(0, 0.0, 0.1, 0.2, cpu=0.5, cpu_span=(8, 2.0))
+    st.result(0, 0.0, 0.1, 0.2, cpu=0.5, cpu_span=(8, 2.0, 0.4))
     st.result(-1, 0.0, 0.1, 0.2, cpu=0.1)
     w = st.snapshot()["workers"]
-    assert (w[0]["cpu_batches"], w[0]["cpu_wall_s"]) == (8, 2.0)
-    assert (w[-1]["cpu_batches"], w[-1]["cpu_wall_s"]) == (1, None)
+    assert (w[0]["cpu_batches"], w[0]["cpu_wall_s"], w[0]["core_s"]) == (8, 2.0, 0.4)
+    assert (w[-1]["cpu_batches"], w[-1]["cpu_wall_s"], w[-1]["core_s"]) == (1, None, None)
+
+
+def test_a_worker_with_fetch_threads_reports_no_short_first_span() -> None:
+    from conveyor.executors.task import Task
+    from conveyor.executors.worker import Fetcher, WorkerSpec
+
+    # its threads fetch ahead from the start: the first batches come from what they fetched
+    # before any span began (3 batches in 2.2 ms of wall on 2.3 ms of CPU read as a full core)
+    clock = iter(range(1, 1000))
+    spec = dataclasses.replace(WorkerSpec(list(range(100)), None, True, 2, False, False, 1, 0), fetch_threads=4)
+    worker = Fetcher(spec, 0, cpu_clock=lambda: float(next(clock)))
+    try:
+        spans = [r.cpu_span[0] for k in range(20) if (r := worker.run(Task(k, 0, [k, k + 1]))).cpu_span]
+    finally:
+        worker.close()
+    assert spans == [8, 8]
+
+
+def test_process_clocks_add_up_thread_waits_for_demand_but_not_for_the_core(tmp_path, monkeypatch) -> None:
+    from conveyor.executors import sched
+
+    # three threads that each waited 1, 2 and 3 s for a core (schedstat's second field, ns)
+    for tid, ns in ((11, 1_000_000_000), (12, 2_000_000_000), (13, 3_000_000_000)):
+        (tmp_path / str(tid)).mkdir()
+        (tmp_path / str(tid) / "schedstat").write_text(f"5000 {ns} 7\n")
+    monkeypatch.setattr(sched, "_TASKS", str(tmp_path))
+    cpu = time.process_time()
+    demand, core = sched.process_clocks()
+    assert demand - cpu == pytest.approx(6.0, abs=0.05) and core - cpu == pytest.approx(3.0, abs=0.05)
+    assert sched.process_demand() - time.process_time() == pytest.approx(6.0, abs=0.05)
 
 
 def _threaded(threads: int, busy_s: float, cpu_s: float) -> dict:

@@ -255,6 +255,28 @@ def test_a_worker_core_share_comes_from_its_spans_not_a_batch_interval() -> None
         assert tuner.decision().fetch_threads == threads, (spans, tuner.decision())
 
 
+def test_a_worker_core_share_is_the_core_it_held_not_its_threads_waits_added_up() -> None:
+    # 64 threads that wake together from 5 ms sleeps queue for the 2 cores at once: their
+    # waits added up (the CPU demand of each fetch) came to 3 s a second of wall, read as
+    # a full core and cut to 32 threads. The core the worker held or waited for: 30% of it.
+    def snaps(core: bool) -> list[dict]:
+        out = []
+        for k in range(1, 7):
+            w = {"batches": 16 * k, "busy_s": 1.6e-3 * k, "mean_batch_s": 1e-4, "std_batch_s": 0.0,
+                 "cpu_s": 0.016 * k, "cpu_batches": 16 * k, "cpu_wall_s": 0.016 * k / 3.0}
+            if core:
+                w["core_s"] = 0.3 * w["cpu_wall_s"]
+            out.append({"batches": 32 * k, "steps": 32 * k - 1, "step_s": 5e-5 * (32 * k - 1), "wait_s": 0.1 * k,
+                        "num_workers": 2, "fetch_threads": 64, "workers": {0: w, 1: dict(w)}})
+        return out
+
+    for core, threads in ((True, 64), (False, 32)):
+        tuner = Tuner(cpu=2, ram=None)
+        for s in snaps(core):
+            tuner.observe(s)
+        assert tuner.decision().fetch_threads == threads, (core, tuner.decision())
+
+
 def test_ram_budget_is_bytes_none_or_auto() -> None:
     with pytest.raises(ValueError, match="ram"):
         Tuner(cpu=2, ram="plenty")

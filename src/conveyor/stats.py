@@ -90,6 +90,7 @@ class WorkerTimes:
     cpu_s: float = 0.0  # CPU seconds the worker reported (0 when it does not)
     cpu_batches: int = 0  # batches that came with a CPU time (or that a reported span covered)
     cpu_wall_s: float = 0.0  # wall seconds the reported spans covered (0: per-batch CPU times only)
+    core_s: float = 0.0  # seconds of its core the worker held or waited for over those spans
     rss: int = 0  # the worker's last reported resident set size, bytes (0: unknown)
     work_s: float = 0.0  # lane-seconds of fetches the fetch threads timed ...
     work_batches: int = 0  # ... over this many batches (the rest: busy time alone says)
@@ -175,13 +176,14 @@ class Stats:
 
     def result(self, worker: int, start: float, fetched: float, end: float, *,
                cpu: float | None = None, nbytes: int | None = None, rss: int | None = None,
-               batches: int = 1, cpu_span: tuple[int, float] | None = None,
+               batches: int = 1, cpu_span: tuple[int, float, float] | None = None,
                work: float | None = None) -> None:
         """A worker finished a batch: fetched in ``start..fetched``, collated until ``end``.
 
         ``cpu`` is the CPU time the worker spent on it (``time.process_time()``
         delta in a process, ``time.thread_time()`` in a thread; with ``cpu_span``, the
-        (batches, wall seconds) it covers, idle time included), ``nbytes`` the
+        (batches, wall seconds) it covers, idle time included, and the seconds of its
+        core the worker held or waited for meanwhile), ``nbytes`` the
         batch's size, ``rss`` the worker's resident memory and ``work`` the wall seconds
         its fetches took added up (fetch threads time them), each when known.
         """
@@ -204,6 +206,7 @@ class Stats:
             else:
                 wt.cpu_batches += cpu_span[0]
                 wt.cpu_wall_s += cpu_span[1]
+                wt.core_s += cpu_span[2]
         if rss:
             wt.rss = rss
         if work is not None:
@@ -290,6 +293,7 @@ class Stats:
                 "cpu_s": t.cpu_s if t.cpu_batches else None,
                 "cpu_batches": t.cpu_batches,
                 "cpu_wall_s": t.cpu_wall_s or None,
+                "core_s": t.core_s if t.cpu_wall_s else None,
                 "work_s": t.work_s if t.work_batches else None,
                 "work_batches": t.work_batches,
                 "busy_fraction": min(1.0, t.busy_s / elapsed),

@@ -210,7 +210,8 @@ class Window:
 
 def _totals(snap: dict[str, Any]) -> tuple[int, float, float, float, int, float, float]:
     """Sums over workers: batches, busy seconds, squared busy, CPU seconds and the batches
-    they cover, and (workers that report spans) CPU seconds over the wall seconds spanned."""
+    they cover, and (workers that report spans) the seconds of a core they held over the
+    wall seconds spanned."""
     n = busy = sq = cpu = span_cpu = span_wall = 0.0
     cpu_n = 0
     for w in snap.get("workers", {}).values():
@@ -224,7 +225,9 @@ def _totals(snap: dict[str, Any]) -> tuple[int, float, float, float, int, float,
             cpu += w["cpu_s"]
             cpu_n += w.get("cpu_batches", b)
             if w.get("cpu_wall_s"):
-                span_cpu += w["cpu_s"]
+                # the seconds of its core a worker held or waited for, where it says (its
+                # threads' waits for a core added up overlap: see ``sched.process_clocks``)
+                span_cpu += w["core_s"] if w.get("core_s") is not None else w["cpu_s"]
                 span_wall += w["cpu_wall_s"]
     return int(n), busy, sq, cpu, cpu_n, span_cpu, span_wall
 

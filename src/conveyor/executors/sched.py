@@ -39,16 +39,19 @@ def runqueue_wait() -> float | None:
     return None if ns is None else ns / 1e9
 
 
-def _process_queued() -> int:
-    """Nanoseconds this process's live threads have spent runnable but not running."""
+def _process_queued() -> tuple[int, int]:
+    """Nanoseconds this process's live threads have spent runnable but not running: added
+    up, and the most of any one thread."""
     try:
         tids = os.listdir(_TASKS)
     except OSError:
-        return 0
-    total = 0
+        return 0, 0
+    total = most = 0
     for tid in tids:
-        total += _queued(f"{_TASKS}/{tid}/schedstat") or 0
-    return total
+        ns = _queued(f"{_TASKS}/{tid}/schedstat") or 0
+        total += ns
+        most = max(most, ns)
+    return total, most
 
 
 def thread_demand() -> float:
@@ -61,4 +64,19 @@ def process_demand() -> float:
 
     (A thread that ended takes its waits with it: the clock can step back. Its readers
     take differences over a worker's fetch threads, which live as long as it does.)"""
-    return time.process_time() + _process_queued() / 1e9
+    return time.process_time() + _process_queued()[0] / 1e9
+
+
+def process_clocks() -> tuple[float, float]:
+    """``process_demand()``, and the seconds of a core the process held or waited for: its
+    CPU seconds plus the longest wait of any one thread.
+
+    Each fetch's own wait for a core is CPU demand of that fetch (the first clock), but
+    its threads wait at once: 64 fetch threads that wake together from 5 ms sleeps on 2
+    cores queue behind each other, and their waits added up came to 5-9 seconds a second.
+    Read as the share of its core a worker used, that asked for fewer threads on a core
+    that was idle between the wake-ups. The longest wait of one thread is a share a core
+    could have had (a lower bound of the time any thread waited)."""
+    total, most = _process_queued()
+    cpu = time.process_time()
+    return cpu + total / 1e9, cpu + most / 1e9

@@ -52,9 +52,10 @@ class Result:
     cpu: float | None = None
     nbytes: int | None = None  # bytes of array data in the batch
     rss: int | None = None  # the worker's resident memory, now and then
-    # (batches, wall seconds) ``cpu`` covers when it spans the worker's last batches, idle
-    # time between them included; None: ``cpu`` is this batch's alone
-    cpu_span: tuple[int, float] | None = None
+    # (batches, wall seconds, core seconds) ``cpu`` covers when it spans the worker's last
+    # batches, idle time between them included, and the seconds of its core the worker held
+    # or waited for meanwhile (``sched.process_clocks``); None: ``cpu`` is this batch's alone
+    cpu_span: tuple[int, float, float] | None = None
     samples: int = 0  # samples the batch was made of, skipped ones included (0: not told)
     # lane-seconds of its fetches, when fetch threads made them (ahead of the batch's turn:
     # its own wall time then says little of what a batch costs); None otherwise

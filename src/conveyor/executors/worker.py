@@ -31,7 +31,7 @@ from .._imports import find_wrapped
 from ..collate import use_allocator
 from ..errors import Failure, capture
 from .fetchpool import Batch, FetchPool
-from .sched import process_demand, thread_demand
+from .sched import process_clocks, process_demand, thread_demand
 from .task import Doorbell, Hello, Inbox, Order, Readable, Result, Task, send
 
 __all__ = ["WorkerInfo", "WorkerSpec", "Fetcher", "get_worker_info", "serve"]
@@ -457,7 +457,8 @@ class Fetcher:
     """Runs tasks for one worker: fetching, seeding, collating, timing."""
 
     def __init__(self, spec: WorkerSpec, worker_id: int | None, *, shared_rng: bool = False,
-                 cpu_clock: Callable[[], float] | None = None) -> None:
+                 cpu_clock: Callable[[], float] | None = None,
+                 span_clocks: Callable[[], tuple[float, float]] | None = None) -> None:
         self.spec = spec
         self.worker_id = worker_id
         # a failure raised in this very process (the main process, a thread worker) is raised as
@@ -482,10 +483,17 @@ class Fetcher:
         # CPU time plus time waiting for a core (``sched``): on a busy machine a computing
         # fetch must not read as one waiting on storage
         self.cpu_clock = cpu_clock or thread_demand
+        # over a span: (CPU demand, seconds of its core the worker held or waited for); the
+        # two differ where many threads wait for a core at once (``sched.process_clocks``)
+        self.span_clocks = span_clocks or self._clock_twice
         self.runs = 0
         # a worker reports CPU time over spans of batches, idle time included: with fetch threads
         # a batch's samples are fetched before and between runs, so one run's interval says
-        # little. (cpu clock, wall clock, runs) where the current span began; None: not yet.
+        # little. (cpu clock, wall clock, runs, core clock) where the current span began;
+        # None: not yet. With fetch threads the first span is as long as the rest: threads
+        # started with the worker fetch ahead, so its first batches are drawn from what they
+        # fetched before the span began (a worker of 64 threads made 3 batches in 2.2 ms of
+        # wall and 2.3 ms of CPU: a full core, read as "fewer threads would do").
         # The main process, which trains between its batches, times each sampled batch alone.
         self.spans = worker_id is not None
         self.span_mark: tuple[float, float, int] | None = None
@@ -736,7 +744,8 @@ class Fetcher:
         self.runs += 1
         cpu0 = None
         if self.runs == 2 and self.spans:
-            self.span_mark = (self.cpu_clock(), start, 1)
+            cpu_now, core_now = self.span_clocks()
+            self.span_mark = (cpu_now, start, 1, core_now)
         elif self.runs & 7 == 2 and not self.spans:
             cpu0 = self.cpu_clock()
         spec = self.spec
@@ -778,11 +787,11 @@ class Fetcher:
             cpu = None if cpu0 is None else self.cpu_clock() - cpu0
             span = None
             mark = self.span_mark
-            if mark is not None and self.runs - mark[2] >= (3 if mark[2] == 1 else 8):
+            if mark is not None and self.runs - mark[2] >= (3 if mark[2] == 1 and self.pool is None else 8):
                 # the first span ends after three batches, for the tuner's first decisions
-                now = self.cpu_clock()
-                self.span_mark = (now, end, self.runs)
-                cpu, span = now - mark[0], (self.runs - mark[2], end - mark[1])
+                now, core = self.span_clocks()
+                self.span_mark = (now, end, self.runs, core)
+                cpu, span = now - mark[0], (self.runs - mark[2], end - mark[1], core - mark[3])
             return Result(task.seq, self._wid(), batch=data, skipped=tuple(skipped) if skipped else (),
                           start=start, fetched=fetched, end=end, cpu=cpu, cpu_span=span, samples=n,
                           work=self.work)
@@ -790,6 +799,10 @@ class Fetcher:
             indices = task.indices
             return Result(task.seq, self._wid(), failure=capture(exc, self.worker_id, indices, keep=self.keep),
                           start=start, end=time.perf_counter())
+
+    def _clock_twice(self) -> tuple[float, float]:
+        now = self.cpu_clock()
+        return now, now
 
     def _wid(self) -> int:
         return -1 if self.worker_id is None else self.worker_id
@@ -842,8 +855,8 @@ def start_worker(spec: WorkerSpec, worker_id: int, *, kind: str) -> Fetcher:
         _torch.shard_datapipe(spec.dataset, worker_id, spec.num_workers)  # this process's copy
     if spec.worker_init_fn is not None:
         spec.worker_init_fn(worker_id)
-    return Fetcher(spec, worker_id, shared_rng=thread,
-                   cpu_clock=thread_demand if thread else process_demand)
+    return Fetcher(spec, worker_id, shared_rng=thread, cpu_clock=thread_demand if thread else process_demand,
+                   span_clocks=None if thread else process_clocks)
 
 
 # -- the process worker's loop ----------------------------------------------
