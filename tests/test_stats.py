@@ -296,15 +296,33 @@ def test_a_worker_with_fetch_threads_reports_no_short_first_span() -> None:
 def test_process_clocks_add_up_thread_waits_for_demand_but_not_for_the_core(tmp_path, monkeypatch) -> None:
     from conveyor.executors import sched
 
-    # three threads that each waited 1, 2 and 3 s for a core (schedstat's second field, ns)
-    for tid, ns in ((11, 1_000_000_000), (12, 2_000_000_000), (13, 3_000_000_000)):
-        (tmp_path / str(tid)).mkdir()
-        (tmp_path / str(tid) / "schedstat").write_text(f"5000 {ns} 7\n")
+    def waited(**seconds: float) -> None:  # schedstat's second field: nanoseconds runnable, not running
+        for tid in {p.name for p in tmp_path.iterdir()} - set(seconds):
+            (tmp_path / tid / "schedstat").unlink()
+            (tmp_path / tid).rmdir()  # the thread ended
+        for tid, s in seconds.items():
+            (tmp_path / tid).mkdir(exist_ok=True)
+            (tmp_path / tid / "schedstat").write_text(f"5000 {int(s * 1e9)} 7\n")
+
     monkeypatch.setattr(sched, "_TASKS", str(tmp_path))
-    cpu = time.process_time()
-    demand, core = sched.process_clocks()
-    assert demand - cpu == pytest.approx(6.0, abs=0.05) and core - cpu == pytest.approx(3.0, abs=0.05)
-    assert sched.process_demand() - time.process_time() == pytest.approx(6.0, abs=0.05)
+    monkeypatch.setattr(sched, "_waits", sched._Waits())
+    waited(a=0.0, b=0.0, c=0.0)
+    cpu0 = time.process_time()
+    demand0, core0 = sched.process_clocks()
+    # three threads wait 1, 2 and 3 s for a core, at once: 6 s of demand, 3 s of the core
+    waited(a=1.0, b=2.0, c=3.0)
+    demand1, core1 = sched.process_clocks()
+    cpu1 = time.process_time()
+    assert demand1 - demand0 == pytest.approx(6.0 + cpu1 - cpu0, abs=0.05)
+    assert core1 - core0 == pytest.approx(3.0 + cpu1 - cpu0, abs=0.05)
+    # the thread that waited most ends, the others wait 1 s more, a new one 0.5 s: the clocks
+    # go on from where they were (summed over live threads, demand stepped back by 3 s)
+    waited(a=2.0, b=3.0, d=0.5)
+    demand2, core2 = sched.process_clocks()
+    cpu2 = time.process_time()
+    assert demand2 - demand1 == pytest.approx(2.5 + cpu2 - cpu1, abs=0.05)
+    assert core2 - core1 == pytest.approx(1.0 + cpu2 - cpu1, abs=0.05)
+    assert sched.process_demand() >= demand2
 
 
 def _threaded(threads: int, busy_s: float, cpu_s: float) -> dict:

@@ -13,6 +13,7 @@ time.
 from __future__ import annotations
 
 import os
+import threading
 import time
 
 _TASKS = "/proc/self/task"
@@ -39,19 +40,54 @@ def runqueue_wait() -> float | None:
     return None if ns is None else ns / 1e9
 
 
+class _Waits:
+    """Run-queue waits of this process's threads, kept as running totals across reads.
+
+    A thread that ended takes its schedstat with it: summed over the live threads, the
+    clock stepped back whenever "auto" replaced a worker's fetch threads (a span read -85
+    ms of CPU, and the tuner took the worker for one that computes nothing). Each read
+    adds what every live thread waited since the last read instead (a new thread: all of
+    it), so the totals only grow; an ended thread's waits since its last read are lost."""
+
+    __slots__ = ("lock", "seen", "total", "most")
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.seen: dict[str, int] = {}  # nanoseconds each thread had waited at the last read
+        self.total = 0  # nanoseconds waited, added up over threads
+        self.most = 0  # nanoseconds: between two reads, the longest wait of one thread, added up
+
+    def read(self) -> tuple[int, int]:
+        try:
+            tids = os.listdir(_TASKS)
+        except OSError:
+            return self.total, self.most
+        now = {tid: _queued(f"{_TASKS}/{tid}/schedstat") or 0 for tid in tids}
+        with self.lock:
+            seen = self.seen
+            steps = [max(0, ns - seen.get(tid, 0)) for tid, ns in now.items()]
+            self.total += sum(steps)
+            self.most += max(steps, default=0)
+            self.seen = now
+            return self.total, self.most
+
+
+_waits = _Waits()
+
+
+def _forked() -> None:
+    global _waits
+    _waits = _Waits()  # a new process: other threads, and a lock no thread of it holds
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forked)
+
+
 def _process_queued() -> tuple[int, int]:
-    """Nanoseconds this process's live threads have spent runnable but not running: added
-    up, and the most of any one thread."""
-    try:
-        tids = os.listdir(_TASKS)
-    except OSError:
-        return 0, 0
-    total = most = 0
-    for tid in tids:
-        ns = _queued(f"{_TASKS}/{tid}/schedstat") or 0
-        total += ns
-        most = max(most, ns)
-    return total, most
+    """Nanoseconds this process's threads have spent runnable but not running: added up,
+    and (over the stretches between reads) the most of any one thread. Both only grow."""
+    return _waits.read()
 
 
 def thread_demand() -> float:
@@ -60,10 +96,7 @@ def thread_demand() -> float:
 
 
 def process_demand() -> float:
-    """This process's CPU seconds, plus the seconds its threads waited for a core.
-
-    (A thread that ended takes its waits with it: the clock can step back. Its readers
-    take differences over a worker's fetch threads, which live as long as it does.)"""
+    """This process's CPU seconds, plus the seconds its threads waited for a core."""
     return time.process_time() + _process_queued()[0] / 1e9
 
 
