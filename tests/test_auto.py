@@ -104,6 +104,18 @@ def test_waiting_samples_get_workers_and_fetch_threads(worker_type: str) -> None
 
 
 @pytest.mark.timeout(60)
+def test_the_tuner_hears_what_a_fetch_took_alone_when_waiting_samples_start_the_workers() -> None:
+    # the first batch's samples, one by one in the main process, say what a fetch takes with
+    # no other running: the tuner reads threads crowding each other against it
+    with DataLoader(Waits(), batch_size=16, num_workers="auto", output="numpy") as loader:
+        assert np.array_equal(_all(loader), np.arange(16 * 24))
+        stats = loader.stats()
+        alone = loader._tuner._alone
+    assert stats["workers_started"] and stats["fetch_threads"] > 1
+    assert alone is not None and 0.004 <= alone < 1.0, alone
+
+
+@pytest.mark.timeout(60)
 def test_auto_workers_tune_threads_left_unset() -> None:
     # num_workers="auto" alone: fetch_threads and prefetch_factor, left unset, are tuned too
     with DataLoader(Waits(), batch_size=16, num_workers="auto", output="numpy") as loader:

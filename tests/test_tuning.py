@@ -277,6 +277,81 @@ def test_a_worker_core_share_is_the_core_it_held_not_its_threads_waits_added_up(
         assert tuner.decision().fetch_threads == threads, (core, tuner.decision())
 
 
+def _fetching(tuner: Tuner, threads: int, each: float, windows: int = 4, *, use: float | None = None) -> None:
+    """``windows`` windows of 2 workers of ``threads`` fetch threads, 32 samples a batch, each
+    fetch taking ``each`` seconds as the threads time it, a 0.2 ms loop that waits."""
+    snap = tuner._last or {"batches": 0, "samples": 0, "steps": 0, "step_s": 0.0, "wait_s": 0.0, "workers": {}}
+    for _ in range(windows):
+        snap = json.loads(json.dumps(snap))
+        snap.update(num_workers=2, fetch_threads=threads, prefetch_factor=4)
+        snap["batches"] += 4
+        snap["samples"] += 4 * 32
+        snap["steps"] += 4
+        snap["step_s"] += 0.0002 * 4
+        snap["wait_s"] += 0.02 * 4
+        for k in ("0", "1"):
+            w = snap["workers"].setdefault(k, {"batches": 0, "busy_s": 0.0, "cpu_s": 0.0, "cpu_batches": 0,
+                                               "mean_batch_s": 0.01, "std_batch_s": 0.0, "cpu_wall_s": 0.0,
+                                               "core_s": 0.0, "work_s": 0.0, "work_batches": 0})
+            w["batches"] += 2
+            w["busy_s"] += 0.02
+            w["cpu_s"] += 0.002 * 2  # 2 ms of CPU a batch: its fetches mostly wait
+            w["cpu_batches"] += 2
+            w["work_s"] += each * 32 * 2
+            w["work_batches"] += 2
+            if use is not None:
+                w["cpu_wall_s"] += 0.04
+                w["core_s"] += 0.04 * use
+        tuner.observe(snap)
+
+
+def test_fetch_threads_that_crowd_each_other_are_cut_to_what_fetches_as_much() -> None:
+    # one fetch took 3 ms alone; with 64 threads a worker each took 40 ms (the GIL, a core:
+    # 1 ms of Python and 2 ms of waiting a sample ran 20% slower on 64 threads than on 4)
+    tuner = Tuner(cpu=2, ram=None, start=Decision(2, 64, 2))
+    tuner.note_waiting(0.003)
+    _fetching(tuner, 64, 0.040)
+    d = tuner.decision()
+    assert d.fetch_threads == math.ceil(64 * conveyor.tuning.CROWD_MARGIN / (0.040 / 0.003)), d
+    assert "as long as one alone" in d.reason and tuner._crowded
+    # the same fetch times without knowing what one took alone: nothing says they crowd
+    blind = Tuner(cpu=2, ram=None, start=Decision(2, 64, 2))
+    blind.note_waiting()
+    _fetching(blind, 64, 0.040)
+    assert blind.decision().fetch_threads == 64 and not blind._crowded
+
+
+def test_a_full_core_of_fetches_as_fast_as_alone_is_not_cut_by_half() -> None:
+    # 4 threads fill a worker's core, and each fetch takes about what it took alone: half as
+    # many would fetch half as much (offered, a check over 4 batches let 2 threads stand)
+    tuner = Tuner(cpu=2, ram=None, start=Decision(2, 4, 2))
+    tuner.note_waiting(0.003)
+    _fetching(tuner, 4, 0.0045, use=0.97)
+    assert tuner.decision().fetch_threads == 4, tuner.decision()
+    # fetches twice as slow as alone on a full core: they crowd it, fewer are offered
+    crowded = Tuner(cpu=2, ram=None, start=Decision(2, 16, 2))
+    crowded.note_waiting(0.003)
+    _fetching(crowded, 16, 0.024, use=0.97)
+    assert crowded.decision().fetch_threads < 16, crowded.decision()
+
+
+def test_a_cut_of_crowding_threads_is_judged_by_how_fast_each_fetch_then_is() -> None:
+    from conveyor.tuning import ThreadSteer
+
+    def cut(after: list[float]) -> tuple[list[int], int]:
+        s = ThreadSteer()
+        runs = [s.steer(64, 8, each=0.040, crowded=True), s.steer(64, 8, each=0.040, crowded=True)]
+        for each in after:
+            runs.append(s.steer(runs[-1], 8, each=each, crowded=False))
+        return runs, s.floor
+
+    # two votes, then straight to the model's count; the changeover window is not judged
+    assert cut([0.030, 0.009, 0.008]) == ([64, 8, 8, 8, 8], 1)
+    # each fetch as slow after the cut, two windows on: the threads were not crowding;
+    # undone, and no cut goes below 64 again
+    assert cut([0.040, 0.039, 0.041, 0.040]) == ([64, 8, 8, 8, 64, 64], 64)
+
+
 def test_ram_budget_is_bytes_none_or_auto() -> None:
     with pytest.raises(ValueError, match="ram"):
         Tuner(cpu=2, ram="plenty")

@@ -1667,7 +1667,7 @@ class _Pool:
         The tuner trims workers, threads and prefetch from what it then measures."""
         if self.no_core_left and busy >= CROWDED_WAITS:
             return  # it computes: a worker would only take the training loop's core
-        threads = self._threads_for(busy)
+        threads = self._threads_for(busy, self.local_fetcher().alone_s)
         if threads != self.threads:
             self.local_fetcher().set_threads(threads)
         self.apply(_cores(), threads, self.prefetch)
@@ -1739,11 +1739,13 @@ class _Pool:
     # -- num_workers / fetch_threads / prefetch_factor = "auto" --------------
     def _jump_start(self, result: Result, cost: float) -> None:
         """A first batch this costly needs workers now; the tuner refines from there."""
-        self._reopen(self.threads if result.cpu is None or cost <= 0 else self._threads_for(result.cpu / cost))
+        self._reopen(self.threads if result.cpu is None or cost <= 0 else
+                     self._threads_for(result.cpu / cost, cost / max(1, result.samples)))
 
-    def _threads_for(self, busy: float) -> int:
+    def _threads_for(self, busy: float, alone_s: float | None) -> int:
         """Fetch threads for a batch that kept ``busy`` cores busy: as many as the tuner
-        allows when it mostly waits (and tells the tuner it waits), else the current.
+        allows when it mostly waits (and tells the tuner it waits, and that a fetch took
+        ``alone_s`` with no other running), else the current.
 
         ``busy`` is read early, over a fetch or two that also paid one-time costs, so it
         says that fetches wait, not how many would fill a core (one fetch per idle core
@@ -1755,7 +1757,7 @@ class _Pool:
             return self.threads
         tuner = self.tuner
         if tuner is not None:
-            tuner.note_waiting()
+            tuner.note_waiting(alone_s)
         if self.auto is None or not self.auto["fetch_threads"] or self.keeps_files():
             return self.threads
         return tuner.max_threads if tuner is not None else MAX_THREADS

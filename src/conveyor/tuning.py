@@ -45,6 +45,9 @@ IO_BOUND = 0.5  # cpu/work below this: the fetch mostly waits
 WINDOWS_KEPT = 256
 MAX_PREFETCH = 64  # batches in flight a worker: enough for one sample a batch and 64 threads
 SATURATED = 0.9  # a worker's core share above this: its threads keep the core busy
+CROWDED = 2.0  # fetches this many times slower than one alone: the threads crowd each other
+CROWD_MARGIN = 2.0  # threads kept beyond what crowding says would fetch as much
+SPED_UP = 0.85  # a cut of crowding threads stands if each fetch then takes at most this share
 MAX_THREADS = 64
 
 
@@ -253,6 +256,16 @@ class ThreadSteer:
     trial: if the next window hands out batches 15% slower, the cut is undone and no cut
     goes below that count again (``floor``).
 
+    Threads that crowd each other (``crowded``: each fetch took many times what one took
+    alone) are cut to the model's count at once, and that cut is judged by the fetches
+    themselves, which a window of 4 batches times by the hundred: it stands if each fetch
+    now takes 15% less than before the cut (so the crowding was the threads'), else it is
+    undone. (The rate of 4-batch windows is the wrong judge there: 64 threads of
+    GIL-bound fetches made 16 batches in 0.22 to 0.58 s, and a cut that saved 20% read as
+    one that cost more than 15%.) The window right after that cut is a changeover, not
+    judged, and so is the next unless it shows the speed-up: the old pool's queued fetches
+    still run beside the new pool's.
+
     >>> s = ThreadSteer()
     >>> s.window(8, 1.0); s.steer(64, 8)        # first vote for fewer: kept
     64
@@ -264,11 +277,13 @@ class ThreadSteer:
     64
     """
 
-    __slots__ = ("fewer_before", "trial", "floor", "rate", "_mark")
+    __slots__ = ("fewer_before", "trial", "crowd_trial", "floor", "rate", "_mark")
 
     def __init__(self) -> None:
         self.fewer_before = False  # the last decision asked for fewer threads
         self.trial: tuple[int, float] | None = None  # (threads, batches/s) before a cut
+        # (threads, seconds a fetch took, windows since) before a cut of crowding threads
+        self.crowd_trial: tuple[int, float, int] | None = None
         self.floor = 1  # no cut goes below this (a cut that cost throughput)
         self.rate: float | None = None  # batches a second handed out in the last window
         self._mark: tuple[int, float] | None = None  # (batches handed, time) at the last window
@@ -279,9 +294,30 @@ class ThreadSteer:
         self.rate = None if mark is None or handed <= mark[0] or now <= mark[1] else (
             (handed - mark[0]) / (now - mark[1]))
 
-    def steer(self, current: int, wanted: int) -> int:
-        """The thread count to run next, from ``current`` and the model's ``wanted``."""
+    def steer(self, current: int, wanted: int, *, each: float | None = None, crowded: bool = False) -> int:
+        """The thread count to run next, from ``current`` and the model's ``wanted``
+        (``crowded``: because the threads crowd each other; ``each``: the seconds a fetch
+        took in the last window)."""
+        crowd, self.crowd_trial = self.crowd_trial, None
+        if crowd is not None:
+            sped_up = each is not None and each <= SPED_UP * crowd[1]
+            if crowd[2] == 0 or crowd[2] == 1 and not sped_up:
+                self.crowd_trial = (crowd[0], crowd[1], crowd[2] + 1)
+                return current  # the changeover (the old pool's fetches may still run a window more)
+            if not sped_up:
+                self.floor = crowd[0]  # fetches did not speed up: they were not crowding
+                self.fewer_before = False
+                return crowd[0]
         fewer = wanted < current
+        if fewer and crowded and each is not None:
+            target = max(wanted, self.floor)
+            if self.fewer_before and current - target >= max(1, current // 4):
+                self.fewer_before = False
+                self.trial = None  # one trial at a time
+                self.crowd_trial = (current, each, 0)
+                return target
+            self.fewer_before = True
+            return current
         threads = current if fewer and not self.fewer_before else max(wanted, current // 2)
         self.fewer_before = fewer
         trial, self.trial = self.trial, None
@@ -334,6 +370,8 @@ class Tuner:
         self._rss: float | None = None  # bytes a worker adds
         self._batch_bytes: float | None = None
         self._io_evidence = False
+        self._alone: float | None = None  # seconds a fetch took with no other running (note_waiting)
+        self._crowded = False  # the decision's fetch threads were cut for crowding each other
         self._probed = False
         self._awaiting_cpu = False  # the first windows came before any worker's CPU time
         self.thread_steer = ThreadSteer()
@@ -396,7 +434,10 @@ class Tuner:
     def steer_threads(self, current: int) -> int:
         """The fetch threads to run next: the decision's, damped and checked against the
         throughput of the last window (see :class:`ThreadSteer`)."""
-        return self.thread_steer.steer(current, self.decision().fetch_threads)
+        last = self.windows[-1] if self.windows else None
+        each = last.measured / last.samples if last is not None and last.measured and last.samples >= 1 else None
+        return self.thread_steer.steer(current, self.decision().fetch_threads, each=each,
+                                       crowded=self._crowded and self._pinned is None)
 
     def pin(self, decision: Decision | dict[str, Any]) -> Decision:
         """Fix the decision (e.g. one saved with ``to_dict()``): observations no longer change it."""
@@ -422,10 +463,13 @@ class Tuner:
         if self._current.fetch_threads > 1:
             self._current = replace(self._current, fetch_threads=1, reason=f"{self._current.reason}; {why}")
 
-    def note_waiting(self) -> None:
+    def note_waiting(self, alone_s: float | None = None) -> None:
         """The loader saw a batch wait rather than compute (its CPU under half its wall time)
-        before any CPU time reached the stats: treat fetches as I/O-bound until told otherwise."""
+        before any CPU time reached the stats: treat fetches as I/O-bound until told otherwise.
+        ``alone_s``: the seconds one of its fetches took with no other running."""
         self._io_evidence = True
+        if alone_s is not None and alone_s > 0:
+            self._alone = alone_s if self._alone is None else min(self._alone, alone_s)
 
     @property
     def pinned(self) -> bool:
@@ -478,9 +522,14 @@ class Tuner:
         # that knows (a mean over windows run with other thread counts would mix them up)
         use = next(((w.use, w.threads) for w in reversed(ws) if w.use is not None), None)
         samples = ws[-1].samples
-        return {"busy": busy, "work": work, "std": std, "cpu": cpu, "step": step, "use": use, "samples": samples}
+        # what one fetch took in the latest window, as its threads timed it, and with how many
+        last = ws[-1]
+        each = (last.measured / last.samples, last.threads) if last.measured and last.samples >= 1 else None
+        return {"busy": busy, "work": work, "std": std, "cpu": cpu, "step": step, "use": use, "samples": samples,
+                "each": each}
 
     def _choose(self, e: dict[str, Any]) -> Decision:
+        self._crowded = False
         busy, work, cpu, step = e["busy"], e["work"], e["cpu"], max(0.0, e["step"])
         if cpu is not None:
             ratio = min(1.0, cpu / work) if work > 0 else 1.0
@@ -511,17 +560,37 @@ class Tuner:
             cpu_need = math.ceil(work * ratio * margin / step) if step > 0 else self.cpu
             workers = max(1, min(cpu_need, self.cpu))
             threads = min(self.max_threads, max(1, math.ceil(lanes / workers)))
+            # Fetches that take many times what one took alone crowd each other (for the GIL,
+            # a core, a link): with ``now`` threads each took ``slower`` times as long, so about
+            # now / slower of them, each as fast as alone, fetch as much. 2 ms of waiting and 1
+            # ms of Python a sample: 64 threads a worker made each fetch take 30-45 ms, and ran
+            # 20% slower than 4. (ThreadSteer checks that such a cut speeds each fetch up.)
+            slower = None
+            if e.get("each") is not None and self._alone:
+                each, each_threads = e["each"]
+                slower = each / self._alone
             if e["use"] is not None:
                 # a worker's threads share its core: with ``now`` of them it used ``use`` of
                 # it, so about now / use of them fill it; more would only queue for it. At a
                 # full core that count is unknown: half as many is offered, a cut ThreadSteer
-                # undoes if it costs throughput.
+                # undoes if it costs throughput; unless each fetch takes about what it took
+                # alone: then fewer threads fetch fewer (4 threads of 1 ms of Python and 2 of
+                # waiting filled the core, each fetch 1.4-1.8x its time alone; halved, the
+                # check over 4 batches let 2 threads stand, 40% slower)
                 use, now = e["use"]
-                fill = now // 2 if use >= SATURATED else math.ceil(now / max(use, 1e-3))
+                fill = (now // 2 if slower is None or slower >= CROWDED else now) if use >= SATURATED else (
+                    math.ceil(now / max(use, 1e-3)))
                 if fill < threads:
                     threads = max(1, fill)
                     cap_note = (f"; {lanes} fetches at once would hide loading, but {threads} threads "
                                 "a worker keep its core busy")
+            if slower is not None:
+                fit = math.ceil(each_threads * CROWD_MARGIN / slower)
+                if slower >= CROWDED and fit < threads:
+                    threads = max(1, fit)
+                    self._crowded = True
+                    cap_note = (f"; {lanes} fetches at once would hide loading, but with {each_threads} threads "
+                                f"a worker each took {slower:.0f}x as long as one alone: {threads} fetch as much")
             if lanes > workers * self.max_threads and not cap_note:
                 cap_note = (f"; {lanes} fetches at once would hide loading, but {self.cap_why}" if self.cap_why
                             else f"; {lanes} fetches at once would hide loading, capped at {self.max_threads} threads")

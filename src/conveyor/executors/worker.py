@@ -504,6 +504,7 @@ class Fetcher:
         # (seconds, callback): called once when a batch takes longer (the main process
         # starts its workers early when a probing batch turns out slow)
         self.watch: tuple[float, Callable[[], float | None]] | None = None
+        self.alone_s: float | None = None  # seconds a fetch took with no other running (a watched batch's)
         # where collate puts large leaves: a process worker's slot Writer, the main process's Recycler
         self.alloc: Callable[[tuple[int, ...], Any], Any] | None = None
         self.alloc_idle = 0  # batches in a row that asked a Recycler ``alloc`` for nothing
@@ -626,11 +627,13 @@ class Fetcher:
         and again after the delay it returns, until it returns None."""
         fn = self._guarded if self.spec.on_error == "skip" else self._one
         delay, call = watch
-        deadline: float | None = time.perf_counter() + delay
+        t0 = time.perf_counter()
+        deadline: float | None = t0 + delay
         out = []
         for k, i in enumerate(indices):
             out.append(fn(i, epoch))
-            if deadline is not None and time.perf_counter() > deadline:
+            if deadline is not None and (now := time.perf_counter()) > deadline:
+                self.alone_s = (now - t0) / (k + 1)  # one by one so far: for the callback to read
                 again = call()
                 deadline = None if again is None else time.perf_counter() + again
                 if again is None and self.pool is not None and k + 1 < len(indices):
