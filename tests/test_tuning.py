@@ -350,6 +350,14 @@ def test_a_cut_of_crowding_threads_is_judged_by_how_fast_each_fetch_then_is() ->
     # each fetch as slow after the cut, two windows on: the threads were not crowding;
     # undone, and no cut goes below 64 again
     assert cut([0.040, 0.039, 0.041, 0.040]) == ([64, 8, 8, 8, 64, 64], 64)
+    # one trial at a time: a cut checked by throughput is judged before crowding cuts again
+    s = ThreadSteer()
+    s.window(8, 1.0)
+    s.steer(64, 8)
+    s.window(16, 2.0)
+    assert s.steer(64, 8) == 32  # at 8 batches/s
+    s.window(20, 3.0)  # 4 batches/s: the cut cost throughput
+    assert s.steer(32, 4, each=0.040, crowded=True) == 64 and s.floor == 64
 
 
 def test_ram_budget_is_bytes_none_or_auto() -> None:

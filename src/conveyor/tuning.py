@@ -309,11 +309,10 @@ class ThreadSteer:
                 self.fewer_before = False
                 return crowd[0]
         fewer = wanted < current
-        if fewer and crowded and each is not None:
+        if fewer and crowded and each is not None and self.trial is None:  # one trial at a time
             target = max(wanted, self.floor)
             if self.fewer_before and current - target >= max(1, current // 4):
                 self.fewer_before = False
-                self.trial = None  # one trial at a time
                 self.crowd_trial = (current, each, 0)
                 return target
             self.fewer_before = True
