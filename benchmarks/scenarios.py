@@ -344,6 +344,28 @@ def build_latency(family: str, quick: bool) -> Setup:
     return Setup(Remote(256 if quick else 3072), batch_size=32, epochs=1, opts=opts)
 
 
+# ---------------------------------------------------------------- remote_decode
+
+class RemoteDecode(Dataset):
+    """Each sample waits 2 ms (storage) and then computes 1 ms in Python (decoding, holding
+    the GIL): fetch threads help until they fill a core, and crowd each other beyond."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        time.sleep(0.002)
+        busy(0.001)
+        return torch.full((64,), float(index))
+
+    def __len__(self) -> int:
+        return self.n
+
+
+def build_remote_decode(family: str, quick: bool) -> Setup:
+    return Setup(RemoteDecode(256 if quick else 2048), batch_size=32, epochs=1)
+
+
 SCENARIOS: dict[str, Scenario] = {s.name: s for s in [
     Scenario("diabetes", "759x8 float32 + label, tensor pair per index, batch 32, 10 epochs, loading only",
              build_diabetes, targets=("conveyor2/torch2>=10", "conveyor2/torch0>=1"), min_repeats=11),
@@ -362,6 +384,14 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in [
              build_detection, targets=("conveyor2/torch2>=3",), min_repeats=11, steady_malloc=True),
     Scenario("overlap", "4 ms CPU collate in workers, 4 ms CPU train step in main, batch 8, 512 batches",
              build_overlap, targets=("conveyor2:efficiency>=0.95",)),
+    Scenario("remote_decode", "2 ms sleep + 1 ms pure-Python CPU per sample, batch 32, 2048 samples; "
+             "conveyor fetch_threads 1 / 4 / 64 (2 workers); auto chooses its own",
+             build_remote_decode,
+             loaders=("torch0", "torch2", "spdl2", "conveyor0", "conveyor2", "conveyor2_ft4", "conveyor2_ft64",
+                      "conveyor_auto"),
+             variants={"conveyor2_ft4": ("conveyor2", {"fetch_threads": 4}),
+                       "conveyor2_ft64": ("conveyor2", {"fetch_threads": 64})},
+             headline="conveyor2_ft4"),
     Scenario("latency", "5 ms sleep per sample, batch 32, 3072 samples; conveyor fetch_threads 16 / 32 / 64 "
              "(2 workers), 32 (0 workers, thread workers); auto chooses its own",
              build_latency,
