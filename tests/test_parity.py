@@ -862,3 +862,35 @@ def test_a_datapipe_refuses_thread_workers_it_cannot_shard() -> None:
     datapipes = pytest.importorskip("torch.utils.data.datapipes.iter")
     with pytest.raises(ValueError, match="DataPipe"):
         conveyor.DataLoader(datapipes.IterableWrapper(range(4)), num_workers=2, worker_type="thread")
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("iterable", [False, True])
+def test_an_iterator_taken_before_goes_on_with_the_epoch_a_new_iter_starts_on_persistent_workers(
+        iterable: bool) -> None:
+    # torch's loader keeps one iterator over persistent workers and iter() resets it: a batch
+    # peeked at mid-epoch restarts the epoch under the training loop, zip(loader, loader)
+    # pairs consecutive batches. Ending the earlier iterator cut the epoch short silently.
+    class Stream(tud.IterableDataset):
+        def __iter__(self):
+            info = tud.get_worker_info()
+            return iter(range(info.id, 10, info.num_workers) if info else range(10))
+
+    def runs(make: Callable[..., Any]) -> tuple[list, list, list]:
+        loader = make(Stream() if iterable else list(range(10)), batch_size=2, num_workers=2,
+                      persistent_workers=True)
+        steps = []
+        for step, batch in enumerate(loader):
+            steps.append(batch.tolist())
+            if step == 1:
+                next(iter(loader))
+        pairs = [(a.tolist(), b.tolist()) for a, b in zip(loader, loader)]
+        a, b = iter(loader), iter(loader)
+        both = [next(a).tolist(), next(b).tolist(), *(x.tolist() for x in a)]
+        if hasattr(loader, "close"):
+            loader.close()
+        return steps, pairs, both
+
+    ours, theirs = runs(conveyor.DataLoader), runs(tud.DataLoader)
+    assert ours == theirs
+    assert len(ours[0]) > 2 and ours[1]  # the epoch went on; zip paired batches

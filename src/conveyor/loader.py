@@ -566,13 +566,20 @@ class DataLoader(Generic[T]):
                 self._persistent = _Pool(self, base_seed if base_seed is not None
                                                else self._draw_base_seed(epoch))
             pool = self._persistent
-            for run in list(self._runs):
+            taken = list(self._runs)
+            for run in taken:
                 run._abandon()
         else:
             seed = base_seed if base_seed is not None else self._draw_base_seed(epoch)
             pool = self._inline_pool(seed)
         run = _Run(self, pool, epoch, skip, owns_pool=not persistent and pool is not self._inline, done=done,
                    replicas=replicas, replayed=replayed)
+        if persistent:
+            # torch's loader has one iterator over persistent workers, which iter() resets: an
+            # iterator taken before goes on with the new epoch (a batch peeked at mid-epoch,
+            # zip(loader, loader)), where ending it shortened the epoch without a word
+            for old in taken:
+                old.successor = run
         self._runs.add(run)
         self._last_ref = weakref.ref(run)
         self._last_pool = pool  # closed with its run; kept for stats()
@@ -1851,6 +1858,7 @@ class _Run(Generic[T]):
         self.epoch = epoch
         self.owns_pool = owns_pool
         self.finished = False
+        self.successor: _Run[T] | None = None  # the epoch a later iter() started on persistent workers
         self.exhausted = False  # reached the end of its epoch
         self.yielded = skip
         # torch warns once a stream has handed out more batches than len(dataset) said, when
@@ -2059,6 +2067,8 @@ class _Run(Generic[T]):
             self.stats.handed_now(size)
             return batch  # type: ignore[no-any-return]
         if self.finished:
+            if self.successor is not None:
+                return next(self.successor)
             raise StopIteration
         asked = time.perf_counter()
         try:
@@ -2635,6 +2645,8 @@ class _Run(Generic[T]):
         self.finished = True
         if self.loader._last_run is self:
             self.loader._ended = self.where()
+        self.lean = False
+        self.ready.clear()  # batches gathered ahead: the next epoch's are its own
         self._release_buffered()
 
     def _release_buffered(self) -> None:
