@@ -894,3 +894,29 @@ def test_an_iterator_taken_before_goes_on_with_the_epoch_a_new_iter_starts_on_pe
     ours, theirs = runs(conveyor.DataLoader), runs(tud.DataLoader)
     assert ours == theirs
     assert len(ours[0]) > 2 and ours[1]  # the epoch went on; zip paired batches
+
+
+class _SeesIndices(tud.Dataset):
+    """``__getitems__`` answers with the type of the indices it was given, once per sample."""
+
+    def __len__(self) -> int:
+        return 100
+
+    def __getitem__(self, i: int) -> str:
+        return "one"
+
+    def __getitems__(self, idx: Any) -> list[str]:
+        return [type(idx).__name__] * len(idx)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("worker_type", ["process", "thread"])
+def test_getitems_in_workers_gets_the_indices_as_the_batch_sampler_gave_them(worker_type: str) -> None:
+    # a bucketing batch sampler's numpy arrays reached a vectorised __getitems__ as lists
+    # once workers made the batches (idx.min() raised AttributeError), where torch passes them on
+    batches = [np.array([3, 4, 5]), (10, 11), range(20, 23), torch.tensor([7, 8]), [1, 2]]
+    theirs = list(tud.DataLoader(_SeesIndices(), batch_sampler=batches, num_workers=2, collate_fn=list))
+    with conveyor.DataLoader(_SeesIndices(), batch_sampler=batches, num_workers=2, collate_fn=list,
+                             worker_type=worker_type, seed=3) as loader:
+        ours = list(loader)
+    assert ours == theirs == [["ndarray"] * 3, ["tuple"] * 2, ["range"] * 3, ["Tensor"] * 2, ["list"] * 2]

@@ -89,6 +89,8 @@ def capture(exc: BaseException, worker_id: int | None, indices: Any, where: str 
             *, keep: bool = False) -> Failure:
     """Record ``exc`` (with its traceback) so it can be re-raised elsewhere; ``keep``: it will be
     raised in this process, so keep the exception object itself too (nothing to pickle)."""
+    if indices is not None and type(indices) is not list:
+        indices = list(indices)  # a batch sampler's array, tuple or range: reported as a list
     text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
     payload: bytes | None = None
     if not keep:

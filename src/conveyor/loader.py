@@ -2129,7 +2129,7 @@ class _Run(Generic[T]):
                 if pool.mode == "inline" and pool.quick:
                     return self._quick()
                 indices = next(self.batches)  # StopIteration ends the epoch
-                task = Task(pool.seq, self.epoch, list(indices) if self.loader._auto_collation else [indices])
+                task = Task(pool.seq, self.epoch, _task_indices(indices) if self.loader._auto_collation else [indices])
                 pool.seq += 1
                 self.reorder.next = pool.seq
                 if pool.mode == "workers":
@@ -2470,8 +2470,8 @@ class _Run(Generic[T]):
             return None
         if indices is not None and not self.loader._auto_collation:
             indices = [indices]
-        elif indices is not None and not isinstance(indices, list):
-            indices = list(indices)
+        elif indices is not None:
+            indices = _task_indices(indices)
         seq = self.pool.seq
         self.pool.seq += 1
         task = Task(seq, self.epoch, indices)
@@ -2679,6 +2679,15 @@ class _Run(Generic[T]):
             pass
 
 
+def _task_indices(indices: Any) -> Any:
+    """A batch sampler's indices as a task carries them: a list, tuple, range, numpy array or
+    tensor as it is (a dataset's ``__getitems__`` gets it so in a worker, as under torch),
+    anything else (a generator) as a list."""
+    if type(indices) in (list, tuple, range) or isinstance(indices, np.ndarray) or _torch.is_tensor(indices):
+        return indices
+    return list(indices)
+
+
 def _generator_seed(generator: Any) -> int:
     """The seed of every sample's RNG that a torch generator gives: its initial seed while
     it is as ``manual_seed`` left it, else a hash of its state. A loader made anew over the
@@ -2698,7 +2707,7 @@ def _generator_seed(generator: Any) -> int:
 
 def _indices_words(task: Task) -> str:
     """A task's samples in words, for messages: its indices, or a stream's next batch."""
-    return "the next batch" if task.indices is None else f"indices {task.indices}"
+    return "the next batch" if task.indices is None else f"indices {list(task.indices)}"
 
 
 def _batch_size(loader: DataLoader[Any], r: Result) -> int:

@@ -646,8 +646,9 @@ class Fetcher:
         if self.spec.seed is not None and task.indices:
             rng.seed_all(rng.mix(self.spec.seed, task.epoch, task.indices[0], len(task.indices)) >> 1)
 
-    def _fetch_map(self, task: Task) -> tuple[Any, list[Failure], bool]:
-        """Returns (batch or samples, skipped, collated already)."""
+    def _fetch_map(self, task: Task, given: Any = None) -> tuple[Any, list[Failure], bool]:
+        """Returns (batch or samples, skipped, collated already); ``given``: the indices as
+        the batch sampler gave them, for ``__getitems__``."""
         indices = task.indices
         assert indices is not None
         spec = self.spec
@@ -663,7 +664,7 @@ class Fetcher:
             try:
                 with self.lock or contextlib.nullcontext():
                     self._batch_seed(task)
-                    return self.dataset.__getitems__(indices), [], False
+                    return self.dataset.__getitems__(indices if given is None else given), [], False
             except Exception:
                 if spec.on_error != "skip":
                     raise
@@ -753,6 +754,11 @@ class Fetcher:
             cpu0 = self.cpu_clock()
         spec = self.spec
         self.work = None
+        given = task.indices
+        if given is not None and type(given) is not list:
+            # a batch sampler's array, tuple or range (a bucketing sampler's numpy indices):
+            # a dataset's __getitems__ gets it as it came, as under torch; the rest a list
+            task = task._replace(indices=list(given))
         try:
             if spec.iterable:
                 skipped: list[Failure] = []
@@ -766,7 +772,7 @@ class Fetcher:
                 ds = self.dataset
                 data, skipped, done = [ds[i] for i in task.indices], (), False  # type: ignore[union-attr]
             else:
-                data, skipped, done = self._fetch_map(task)
+                data, skipped, done = self._fetch_map(task, given)
             fetched = time.perf_counter()
             # a custom batch sampler's batches, an epoch's short last one, a stream's: counted
             if not spec.auto_collation:
