@@ -920,3 +920,34 @@ def test_getitems_in_workers_gets_the_indices_as_the_batch_sampler_gave_them(wor
                              worker_type=worker_type, seed=3) as loader:
         ours = list(loader)
     assert ours == theirs == [["ndarray"] * 3, ["tuple"] * 2, ["range"] * 3, ["Tensor"] * 2, ["list"] * 2]
+
+
+@pytest.mark.timeout(60)
+def test_torchs_private_names_that_tools_read() -> None:
+    class Stream(tud.IterableDataset):
+        def __iter__(self):
+            return iter(range(6))
+
+        def __len__(self) -> int:
+            return 6
+
+    for make in (tud.DataLoader, conveyor.DataLoader):
+        mapped, stream = make(list(range(10)), batch_size=2), make(Stream(), batch_size=2)
+        assert (mapped._dataset_kind, stream._dataset_kind) == (0, 1)
+        assert stream._IterableDataset_len_called is None
+        len(stream)
+        assert stream._IterableDataset_len_called == 6
+        loader = make(list(range(10)), batch_size=2, num_workers=2, persistent_workers=True)
+        assert loader._iterator is None
+        it = iter(loader)
+        next(it)
+        assert loader._iterator is not None
+        # Lightning, when a loop ends: the workers go, the next epoch gets new ones
+        loader._iterator = None
+        assert loader._iterator is None
+        assert [b.tolist() for b in loader] == [[0, 1], [2, 3], [4, 5], [6, 7], [8, 9]]
+        with pytest.warns(UserWarning, match="This DataLoader will create 64 worker processes in total"):
+            make(list(range(10)), num_workers=64).check_worker_number_rationality()
+        if make is conveyor.DataLoader:
+            assert it.pool.dead and loader._persistent is not None  # new workers served the epoch after
+            loader.close()

@@ -446,6 +446,35 @@ class DataLoader(Generic[T]):
                 f"process may use at most {cpus} CPUs, so too many workers may make loading slow "
                 "or even freeze it; lower num_workers (or try num_workers='auto').", stacklevel=3)
 
+    # torch's private names that tools read (Lightning resets ``_iterator`` when a loop ends,
+    # torchdata's helpers read ``_dataset_kind``)
+    def check_worker_number_rationality(self) -> None:
+        """Warn when ``num_workers`` is more than the cores this process may use, as torch does."""
+        self._check_worker_count()
+
+    @property
+    def _dataset_kind(self) -> int:
+        """torch's ``_DatasetKind``: 0 for a map-style dataset, 1 for an iterable one."""
+        return 1 if self._iterable else 0
+
+    @property
+    def _IterableDataset_len_called(self) -> int | None:  # noqa: N802 - torch's name
+        """The dataset length ``len(loader)`` read for an iterable dataset, else None."""
+        return self._len_called
+
+    @property
+    def _iterator(self) -> Any:
+        """The epoch persistent workers are serving (torch keeps one iterator), else None."""
+        run = self._last_run
+        live = self.persistent_workers and self._persistent is not None and run is not None and not run.finished
+        return run if live else None
+
+    @_iterator.setter
+    def _iterator(self, value: Any) -> None:
+        if value is not None:
+            raise ValueError(f"_iterator can only be reset to None, got {value!r:.80}")
+        self.close()  # torch's next iter() then makes new workers: so does this loader's
+
     def _start_runtime(self) -> None:
         """What a loader owns rather than describes: workers (none yet), statistics, memory
         kept for reuse, the device stage. Made anew for a copy or an unpickled loader."""
