@@ -115,6 +115,31 @@ def test_the_tuner_hears_what_a_fetch_took_alone_when_waiting_samples_start_the_
     assert alone is not None and 0.004 <= alone < 1.0, alone
 
 
+class HalfWaits:
+    """Each sample waits 1 ms and computes 3 ms in Python."""
+
+    def __len__(self) -> int:
+        return 64
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        time.sleep(0.001)
+        end = time.thread_time() + 0.003
+        while time.thread_time() < end:
+            pass
+        return np.full(2, i, dtype=np.int64)
+
+
+@pytest.mark.timeout(60)
+def test_a_batch_the_workers_were_forked_in_does_not_count_the_fork_as_its_cpu() -> None:
+    # the second batch made here starts the workers from its watch: fork took ~27 ms of this
+    # thread's CPU, and the batch read 35 ms of CPU against its 8 ms of work (the tuner took
+    # such fetches for CPU-bound and gave them 1 thread)
+    with DataLoader(HalfWaits(), batch_size=2, num_workers="auto", output="numpy") as loader:
+        assert np.array_equal(_all(loader), np.arange(64))
+        main = loader.stats()["workers"][-1]
+    assert main["cpu_s"] is None or main["cpu_s"] / main["cpu_batches"] < main["busy_s"] / main["batches"], main
+
+
 @pytest.mark.timeout(60)
 def test_auto_workers_tune_threads_left_unset() -> None:
     # num_workers="auto" alone: fetch_threads and prefetch_factor, left unset, are tuned too

@@ -360,6 +360,26 @@ def test_a_cut_of_crowding_threads_is_judged_by_how_fast_each_fetch_then_is() ->
     assert s.steer(32, 4, each=0.040, crowded=True) == 64 and s.floor == 64
 
 
+def test_a_computing_fetch_that_also_waits_gets_threads_to_fill_its_core() -> None:
+    # 2 ms of waiting and 2 of Python a sample (52-56% CPU with the batch's overhead), a loop
+    # faster than 2 workers: 1 thread a worker left each core half idle (0.6 of 4 threads' speed)
+    def tuned(cpu_share: float) -> Decision:
+        tuner = Tuner(cpu=2, ram=None, start=Decision(2, 1, 2))
+        for k in range(1, 7):
+            w = {"batches": 8 * k, "busy_s": 0.010 * 8 * k, "mean_batch_s": 0.010, "std_batch_s": 0.0,
+                 "cpu_s": 0.010 * cpu_share * 8 * k, "cpu_batches": 8 * k}
+            tuner.observe({"batches": 16 * k, "steps": 16 * k - 1, "step_s": 0.0035 * (16 * k - 1),
+                           "wait_s": 0.002 * 16 * k, "num_workers": 2, "fetch_threads": 1,
+                           "workers": {0: w, 1: dict(w)}})
+        return tuner.decision()
+
+    half = tuned(0.55)
+    assert "CPU-bound" in half.reason and (half.num_workers, half.fetch_threads) == (2, 2), half
+    assert "threads a worker fill its core" in half.reason
+    # decoding that computes all along (JPEG) stays at one thread a worker
+    assert tuned(0.95).fetch_threads == 1
+
+
 def test_ram_budget_is_bytes_none_or_auto() -> None:
     with pytest.raises(ValueError, match="ram"):
         Tuner(cpu=2, ram="plenty")
