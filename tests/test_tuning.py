@@ -233,48 +233,37 @@ def test_threads_stop_where_they_fill_the_worker_core() -> None:
     assert "keep its core busy" in d.reason
 
 
+def _threads_chosen(span_use: float | None, core_use: float | None = None) -> int:
+    """Fetch threads the tuner asks of 2 workers of 64 threads, 1 ms of CPU and 0.1 ms of
+    wall a batch (threads fetched it ahead), their spans' CPU ``span_use`` of the wall spanned
+    (None: no spans) and the core they held ``core_use`` of it (None: not told)."""
+    tuner = Tuner(cpu=2, ram=None)
+    for k in range(1, 7):
+        w = {"batches": 16 * k, "busy_s": 1.6e-3 * k, "mean_batch_s": 1e-4, "std_batch_s": 0.0,
+             "cpu_s": 0.016 * k, "cpu_batches": 16 * k}
+        if span_use is not None:
+            w["cpu_wall_s"] = 0.016 * k / span_use
+        if core_use is not None:
+            w["core_s"] = core_use * w["cpu_wall_s"]
+        tuner.observe({"batches": 32 * k, "steps": 32 * k - 1, "step_s": 5e-5 * (32 * k - 1), "wait_s": 0.1 * k,
+                       "num_workers": 2, "fetch_threads": 64, "workers": {0: w, 1: dict(w)}})
+    return tuner.decision().fetch_threads
+
+
 def test_a_worker_core_share_comes_from_its_spans_not_a_batch_interval() -> None:
     # 64 threads fetch a worker's batches ahead of it: the batch it waits for is done by the
     # time it asks, so its interval (0.1 ms) is mostly collating, CPU all along. Over spans of
     # batches, idle time included, the worker kept its core 30% busy: there is room, no cut.
-    def snaps(spans: bool) -> list[dict]:
-        out = []
-        for k in range(1, 7):
-            w = {"batches": 16 * k, "busy_s": 1.6e-3 * k, "mean_batch_s": 1e-4, "std_batch_s": 0.0,
-                 "cpu_s": 0.016 * k, "cpu_batches": 16 * k}
-            if spans:
-                w["cpu_wall_s"] = 0.016 * k / 0.3
-            out.append({"batches": 32 * k, "steps": 32 * k - 1, "step_s": 5e-5 * (32 * k - 1), "wait_s": 0.1 * k,
-                        "num_workers": 2, "fetch_threads": 64, "workers": {0: w, 1: dict(w)}})
-        return out
-
-    for spans, threads in ((True, 64), (False, 32)):
-        tuner = Tuner(cpu=2, ram=None)
-        for s in snaps(spans):
-            tuner.observe(s)
-        assert tuner.decision().fetch_threads == threads, (spans, tuner.decision())
+    assert _threads_chosen(0.3) == 64
+    assert _threads_chosen(None) == 32
 
 
 def test_a_worker_core_share_is_the_core_it_held_not_its_threads_waits_added_up() -> None:
     # 64 threads that wake together from 5 ms sleeps queue for the 2 cores at once: their
     # waits added up (the CPU demand of each fetch) came to 3 s a second of wall, read as
     # a full core and cut to 32 threads. The core the worker held or waited for: 30% of it.
-    def snaps(core: bool) -> list[dict]:
-        out = []
-        for k in range(1, 7):
-            w = {"batches": 16 * k, "busy_s": 1.6e-3 * k, "mean_batch_s": 1e-4, "std_batch_s": 0.0,
-                 "cpu_s": 0.016 * k, "cpu_batches": 16 * k, "cpu_wall_s": 0.016 * k / 3.0}
-            if core:
-                w["core_s"] = 0.3 * w["cpu_wall_s"]
-            out.append({"batches": 32 * k, "steps": 32 * k - 1, "step_s": 5e-5 * (32 * k - 1), "wait_s": 0.1 * k,
-                        "num_workers": 2, "fetch_threads": 64, "workers": {0: w, 1: dict(w)}})
-        return out
-
-    for core, threads in ((True, 64), (False, 32)):
-        tuner = Tuner(cpu=2, ram=None)
-        for s in snaps(core):
-            tuner.observe(s)
-        assert tuner.decision().fetch_threads == threads, (core, tuner.decision())
+    assert _threads_chosen(3.0, core_use=0.3) == 64
+    assert _threads_chosen(3.0) == 32
 
 
 def _fetching(tuner: Tuner, threads: int, each: float, windows: int = 4, *, use: float | None = None) -> None:
