@@ -496,7 +496,7 @@ class Fetcher:
         # wall and 2.3 ms of CPU: a full core, read as "fewer threads would do").
         # The main process, which trains between its batches, times each sampled batch alone.
         self.spans = worker_id is not None
-        self.span_mark: tuple[float, float, int] | None = None
+        self.span_mark: tuple[float, float, int, float] | None = None
         self.pool: FetchPool | None = None
         self.threads = 1
         self.pending: dict[int, Batch] = {}
