@@ -368,9 +368,9 @@ def build_remote_decode(family: str, quick: bool) -> Setup:
 
 SCENARIOS: dict[str, Scenario] = {s.name: s for s in [
     Scenario("diabetes", "759x8 float32 + label, tensor pair per index, batch 32, 10 epochs, loading only",
-             build_diabetes, targets=("conveyor2/torch2>=10", "conveyor2/torch0>=1"), min_repeats=11),
+             build_diabetes, targets=("conveyor2/torch2>=10", "conveyor2/torch0>=1"), min_repeats=31),
     Scenario("diabetes_train", "diabetes + the seed's 8-6-4-1 MLP, BCELoss, SGD step per batch",
-             build_diabetes_train, min_repeats=21),
+             build_diabetes_train, min_repeats=31),
     Scenario("diabetes_array", "diabetes data as conveyor.ArrayDataset (torch: TensorDataset); "
              "10 epochs timed after one untimed warm-up epoch, best of 5 such passes per run "
              "(warm-up time in the note column)",
@@ -386,7 +386,7 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in [
              build_overlap, targets=("conveyor2:efficiency>=0.95",)),
     Scenario("remote_decode", "2 ms sleep + 1 ms pure-Python CPU per sample, batch 32, 2048 samples; "
              "conveyor fetch_threads 1 / 4 / 64 (2 workers); auto chooses its own",
-             build_remote_decode,
+             build_remote_decode, min_repeats=5,
              loaders=("torch0", "torch2", "spdl2", "conveyor0", "conveyor2", "conveyor2_ft4", "conveyor2_ft64",
                       "conveyor_auto"),
              variants={"conveyor2_ft4": ("conveyor2", {"fetch_threads": 4}),
@@ -400,7 +400,7 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in [
              variants={"conveyor2_ft16": ("conveyor2", {"fetch_threads": 16}),
                        "conveyor2_ft32": ("conveyor2", {"fetch_threads": 32}),
                        "conveyor2_ft64": ("conveyor2", {"fetch_threads": 64})},
-             headline="conveyor2_ft64",
+             headline="conveyor2_ft64", min_repeats=7,
              targets=("conveyor2_ft64/torch2>=20", "conveyor2_ft32/torch2>=20", "conveyor2_ft64/peers>=2.5",
                       "conveyor_auto/torch2>=20")),
 ]}
