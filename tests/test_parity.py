@@ -501,6 +501,18 @@ def test_setting_multiprocessing_context_after_init_is_checked_as_torchs(workers
         assert c.multiprocessing_context is mp.get_context(value) and t.multiprocessing_context is mp.get_context(value)
 
 
+def test_a_start_method_for_thread_workers_is_refused_naming_it() -> None:
+    # thread workers start no processes: a start method given for them was dropped unsaid
+    with pytest.raises(ValueError, match="multiprocessing_context.*worker_type='thread'"):
+        conveyor.DataLoader(Squares(), batch_size=2, num_workers=1, worker_type="thread",
+                            multiprocessing_context="spawn")
+    with conveyor.DataLoader(Squares(), batch_size=2, num_workers=1, worker_type="thread") as loader:
+        with pytest.raises(ValueError, match="multiprocessing_context.*worker_type='thread'"):
+            loader.multiprocessing_context = "spawn"
+        loader.multiprocessing_context = None
+        assert loader.multiprocessing_context is None
+
+
 # --------------------------------------------------------------------------- per-worker seeding
 
 

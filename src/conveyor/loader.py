@@ -135,7 +135,7 @@ class _Repeat:
         return itertools.repeat(None)
 
 
-def _check_start_method(context: Any, num_workers: int) -> Any:
+def _check_start_method(context: Any, num_workers: int, worker_type: str) -> Any:
     import multiprocessing as mp
 
     if context is None:
@@ -144,6 +144,9 @@ def _check_start_method(context: Any, num_workers: int) -> Any:
         raise ValueError(
             "multiprocessing_context can only be used with multi-process loading "
             f"(num_workers > 0), but got num_workers={num_workers}")
+    if worker_type == "thread":  # a start method for processes that never start: not dropped unsaid
+        raise ValueError(f"multiprocessing_context is for process workers, but got "
+                         f"multiprocessing_context={context!r} with worker_type='thread'")
     if isinstance(context, str):
         valid = mp.get_all_start_methods()
         if context not in valid:
@@ -317,7 +320,7 @@ class DataLoader(Generic[T]):
         self.pin_memory_device = pin_memory_device
         self.timeout = timeout
         self.worker_init_fn = worker_init_fn
-        self.multiprocessing_context = _check_start_method(multiprocessing_context, num_workers)
+        self.multiprocessing_context = _check_start_method(multiprocessing_context, num_workers, worker_type)
         self.in_order = in_order
         self.worker_type = worker_type
         self.output = output
@@ -425,7 +428,7 @@ class DataLoader(Generic[T]):
             if attr in self._frozen:
                 raise ValueError(f"{attr} attribute should not be set after {type(self).__name__} is initialized")
             if attr == "multiprocessing_context":  # checked and made a context, as torch's setter does
-                val = _check_start_method(val, self.num_workers)
+                val = _check_start_method(val, self.num_workers, self.worker_type)
             if attr == "generator" and self._seed_of_generator:
                 # torch draws the workers' seeds from whatever generator the loader has then
                 if _torch.is_generator(val):
