@@ -1176,6 +1176,20 @@ def _start_words(findings: _Findings, cost: float, batches: int) -> str:
             f"the epoch's {batches} batches take in the main process ({cost * batches:.2f} s)")
 
 
+class _CpuTimed:
+    """``fn`` called with the CPU seconds this thread spends in it added up (``cpu_s``)."""
+
+    def __init__(self, fn: Callable[..., None]) -> None:
+        self.fn, self.cpu_s = fn, 0.0
+
+    def __call__(self, *args: Any) -> None:
+        c0 = time.thread_time()
+        try:
+            self.fn(*args)
+        finally:
+            self.cpu_s += time.thread_time() - c0
+
+
 def _typical(costs: list[float]) -> float:
     """What a main-process batch costs: a low quantile, since a busy machine preempts some
     batches, which says nothing of their cost."""
@@ -1647,28 +1661,18 @@ class _Pool:
             # batches while this one, the second opinion, is made here
             start()
             start = None
-        forking = [0.0]  # this thread's CPU seconds spent starting the workers from the watch
-        if start is not None:
-            starter = start
-
-            def start_timed(busy: float = 1.0) -> None:
-                c0 = time.thread_time()
-                try:
-                    starter(busy)
-                finally:
-                    forking[0] += time.thread_time() - c0
-
-            local.watch = (SLOW_S, self._early_check(start_timed, t0, cpu0, _runqueue_wait(),
-                                                     first=not self.inline_costs))
+        forking = None if start is None else _CpuTimed(start)  # the workers' start, from the watch
+        if forking is not None:
+            local.watch = (SLOW_S, self._early_check(forking, t0, cpu0, _runqueue_wait(), first=not self.inline_costs))
         try:
             result = local.run(task)
         finally:
             local.watch = None
-        if forking[0] and result.cpu is not None:
+        if forking is not None and forking.cpu_s and result.cpu is not None:
             # workers forked inside this batch, from its watch: that CPU time is not the batch's
             # (2 ms of waiting and 2 of Python a sample, batches of 2: 30 ms of CPU against 8 of
             # wall, and the tuner gave the fetches 1 thread where 4 ran 1.6x as fast)
-            result.cpu = max(0.0, result.cpu - forking[0])
+            result.cpu = max(0.0, result.cpu - forking.cpu_s)
         # new memory's page faults are paid once; reused memory is what later batches get
         faults = self.recycler.fresh_s - fresh
         self.probe_cpu = time.thread_time() - own0 - faults  # this thread's: no other thread's work counts
