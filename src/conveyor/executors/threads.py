@@ -6,6 +6,7 @@ datasets and for code that releases the GIL (decoders, numpy, torch ops).
 
 from __future__ import annotations
 
+import collections
 import os
 import queue
 import threading
@@ -46,6 +47,13 @@ class ThreadExecutor:
         self.init_failures: dict[int, Failure] = {}  # worker -> why it could not start (it has ended)
         self.hung: set[int] = set()  # workers a timeout found stuck: close() does not wait for them
         self.fetchers: dict[int, Any] = {}  # worker -> its Fetcher (close() looks for stuck fetch threads)
+        # A task's fetches start when it is handed over (``submit``), as in a process worker, not
+        # when its worker thread gets to it: that thread waits on one batch at a time, and batches
+        # of one sample were fetched one after another whatever the fetch threads. ``scheduled``:
+        # per worker, the tasks started so; ``_fetching`` keeps a change of thread count (a new
+        # pool) from crossing a fetch being started.
+        self.scheduled: list[set[int]] = []
+        self._fetching = threading.Lock()
         self.closed = False
         self.pid = os.getpid()
         self.fetch_threads = spec.fetch_threads
@@ -62,6 +70,7 @@ class ThreadExecutor:
             self.queues.append(q)
             self.threads.append(t)
             self.busy.append(False)
+            self.scheduled.append(set())
             self.ledger.held.append({})
             self.num_workers += 1
             t.start()
@@ -88,17 +97,23 @@ class ThreadExecutor:
             del exc
             self._answer_init_failure(worker, q)
             return
+        # what was queued before the fetcher was ready, taken off the queue with its fetches
+        # started, in order (_STOP last, if it came)
+        taken: collections.deque[Task | None] = collections.deque()
+        self._take(worker, q, taken, fetcher)
         try:
             while True:
-                task = q.get()
+                task = taken.popleft() if taken else q.get()
                 if task is _STOP or self.closed:
                     return  # closed: the tasks still queued behind a stuck one are not run
                 if type(task) is _Threads:
-                    fetcher.set_threads(task.n)
+                    with self._fetching:
+                        fetcher.set_threads(task.n)
                     continue
+                self._schedule(worker, fetcher, task)
+                self.scheduled[worker].discard(task.seq)
                 self.busy[worker] = True
                 try:
-                    fetcher.schedule(task)
                     result = fetcher.run(task)
                 except BaseException as exc:  # noqa: BLE001 - SystemExit and the like: raised where next() was called
                     result = Result(task.seq, worker, failure=capture(exc, worker, task.indices, keep=True))
@@ -109,10 +124,37 @@ class ThreadExecutor:
             fetcher.close()
             _set_info(None, thread=True)
 
+    def _take(self, worker: int, q: queue.SimpleQueue[Any], taken: collections.deque[Task | None],
+              fetcher: Any) -> None:
+        """Move what is queued for a worker to ``taken``, starting the fetches of its tasks (a
+        change of thread count applies to the tasks after it; nothing is taken after _STOP)."""
+        while not taken or taken[-1] is not _STOP:
+            try:
+                item = q.get_nowait()
+            except queue.Empty:
+                return
+            if type(item) is _Threads:
+                with self._fetching:
+                    fetcher.set_threads(item.n)
+                continue
+            if item is not _STOP:
+                self._schedule(worker, fetcher, item)
+            taken.append(item)
+
+    def _schedule(self, worker: int, fetcher: Any, task: Task) -> None:
+        """Start ``task``'s fetches unless they were (a task made again starts anew)."""
+        if task.seq not in self.scheduled[worker]:
+            with self._fetching:
+                fetcher.schedule(task)
+            self.scheduled[worker].add(task.seq)
+
     def submit(self, worker: int, tasks: list[Task]) -> None:
         self.ledger.add(worker, tasks)
         q = self.queues[worker]
+        fetcher = self.fetchers.get(worker)  # None until the worker has started: it starts them
         for t in tasks:
+            if fetcher is not None and not self.closed:
+                self._schedule(worker, fetcher, t)  # (before the task is queued: its thread sees it)
             q.put(t)
         if worker in self.init_failures:
             self._answer_init_failure(worker, q)
