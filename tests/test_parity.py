@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import collections
 import itertools
+import threading
 import multiprocessing as mp
 from collections.abc import Callable
 from pathlib import Path
@@ -963,3 +964,85 @@ def test_torchs_private_names_that_tools_read() -> None:
         if make is conveyor.DataLoader:
             assert it.pool.dead and loader._persistent is not None  # new workers served the epoch after
             loader.close()
+
+
+class _Together(tud.Dataset):
+    """Each sample waits until three others are being fetched with it (a barrier of 4): an
+    epoch ends only if the loader fetches its samples four at a time."""
+
+    def __init__(self, n: int = 16) -> None:
+        self.n, self.barrier = n, threading.Barrier(4, timeout=10)
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> int:
+        self.barrier.wait()
+        return i
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("wrap", ["subset", "random_split", "stack", "nested"])
+def test_torchs_wrappers_of_a_dataset_fetched_by_index_get_fetch_threads(wrap: str) -> None:
+    # Subset and StackDataset define a __getitems__ that loops over dataset[i] when what they
+    # wrap has none: batches of a random_split were fetched one sample after another whatever
+    # fetch_threads said (here: BrokenBarrierError after 10 s)
+    base = _Together(32)
+    if wrap == "subset":
+        ds, want = tud.Subset(base, list(range(0, 32, 2))), list(range(0, 32, 2))
+    elif wrap == "random_split":
+        ds = tud.random_split(base, [16, 16], generator=torch.Generator().manual_seed(0))[0]
+        want = [int(i) for i in ds.indices]
+    elif wrap == "stack":
+        ds, want = tud.StackDataset(tud.Subset(base, range(16)), list(range(100, 116))), None
+    else:
+        ds, want = tud.Subset(tud.Subset(base, list(range(16, 32))), list(range(16))), list(range(16, 32))
+    with conveyor.DataLoader(ds, batch_size=4, num_workers=1, worker_type="thread", fetch_threads=4,
+                             collate_fn=list, adaptive=False) as loader:
+        got = [s for batch in loader for s in batch]
+    if want is None:
+        assert got == [(i, 100 + i) for i in range(16)]
+    else:
+        assert got == want
+
+
+class _Vectorised(tud.Dataset):
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, i: int) -> int:
+        raise AssertionError("fetched one by one")
+
+    def __getitems__(self, idx: list[int]) -> list[int]:
+        return [i * 10 for i in idx]
+
+
+@pytest.mark.timeout(60)
+def test_a_dataset_that_makes_its_batches_in_one_call_is_warned_of_fetch_threads_and_keeps_the_call() -> None:
+    # fetch threads share a batch's samples; a __getitems__ of its own makes the batch in one
+    # call (directly or under a Subset): the threads did nothing, said nowhere
+    for ds in (_Vectorised(), tud.Subset(_Vectorised(), range(8))):
+        with pytest.warns(UserWarning, match="fetch_threads=4 does nothing"):
+            loader = conveyor.DataLoader(ds, batch_size=4, num_workers=1, fetch_threads=4, collate_fn=list)
+        with loader:
+            assert loader.fetch_threads == 1 and loader.stats()["fetch_threads"] == 1
+            assert [b for b in loader] == [[0, 10, 20, 30], [40, 50, 60, 70]]
+    with conveyor.DataLoader(tud.Subset(_Vectorised(), range(8)), batch_size=4, num_workers="auto",
+                             collate_fn=list) as loader:
+        assert [b for b in loader] == [[0, 10, 20, 30], [40, 50, 60, 70]]
+        assert loader.stats()["batch_getitems"] and loader._auto is not None
+        assert not loader._auto["fetch_threads"]
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("batch_size", [None, 1])
+def test_fetch_threads_of_a_thread_worker_run_across_batches_of_one_sample(batch_size: int | None) -> None:
+    # a thread worker started a task's fetches only when it got to that task, waiting on one
+    # at a time: batches of one sample were fetched one after another whatever the threads.
+    # (batch_size=None fetches dataset[i], as torch does, under a Subset too: threads may share those.)
+    # Not process workers: they read new orders between batches, so at times only three are in
+    # flight, and this barrier of four breaks (a leftover)
+    ds = tud.Subset(_Together(8), range(8))
+    with conveyor.DataLoader(ds, batch_size=batch_size, num_workers=1, worker_type="thread", fetch_threads=4,
+                             adaptive=False, collate_fn=None if batch_size is None else list) as loader:
+        assert [int(x) if batch_size is None else x[0] for x in loader] == list(range(8))

@@ -333,6 +333,17 @@ def _threaded(threads: int, busy_s: float, cpu_s: float) -> dict:
             "workers": {w: {"batches": 32, "busy_s": busy_s, "cpu_s": cpu_s, "cpu_batches": 32} for w in (0, 1)}}
 
 
+def test_report_advises_workers_not_threads_where_getitems_makes_the_batch() -> None:
+    # one worker, its batches waiting on storage: fetch threads would hide it, unless the
+    # dataset's own __getitems__ makes each batch in one call (the loader warns of threads then)
+    waits = _threaded(1, 0.32, 0.004) | {"num_workers": 1,
+                                         "workers": {0: {"batches": 64, "busy_s": 0.64, "cpu_s": 0.008,
+                                                         "cpu_batches": 64}}}
+    assert "fetch_threads=" in report(waits, cores=8)
+    said = report(waits | {"batch_getitems": True}, cores=8)
+    assert "__getitems__ makes each batch in one call, so num_workers=" in said and "fetch_threads" not in said
+
+
 def test_report_reads_a_fetch_cpu_share_with_its_threads() -> None:
     # 16 threads a worker, a batch every 10 ms of wall, 2 ms of CPU: each fetch computes
     # 1.25% of the time it takes (2 ms of 160), the core is 20% busy: it waits on storage

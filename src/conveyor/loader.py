@@ -44,7 +44,7 @@ from .executors.reorder import Reorder
 from .executors.sched import runqueue_wait as _runqueue_wait
 from .executors.task import Death, Result, Task
 from .executors.threads import ThreadExecutor
-from .executors.worker import Fetcher, WorkerSpec, rng_lock
+from .executors.worker import Fetcher, WorkerSpec, fetches_batches, rng_lock
 from .samplers import BatchSampler, RandomSampler, Sampler, SequentialSampler
 from .stats import INLINE, Stats
 from .tuning import IO_BOUND, MAX_THREADS, Tuner
@@ -401,6 +401,18 @@ class DataLoader(Generic[T]):
         self.generator = generator
         self._iterable = iterable
         self._auto_collation = batch_size is not None if iterable else batch_sampler is not None
+        if self._auto_collation and not iterable and fetches_batches(dataset):
+            # its __getitems__ makes each batch in one call: no samples for threads to share (a
+            # warning, not an error: one setting for many datasets is common)
+            if threads_asked not in (None, 1, "auto"):
+                warnings.warn(f"fetch_threads={threads_asked!r} does nothing here: fetch threads share a batch's "
+                              "samples, fetched one index at a time, and this dataset makes each batch in one call "
+                              "of its __getitems__ (num_workers makes more batches at once)", stacklevel=2)
+                self.fetch_threads = 1
+            if self._auto is not None:
+                self._auto["fetch_threads"] = False
+                if not any(self._auto.values()):
+                    self._auto = None
         self._default_collate = collate_fn is None
         if collate_fn is None:
             if self._auto_collation:
@@ -723,6 +735,8 @@ class DataLoader(Generic[T]):
         snap["main_process_batches"] = pool.inline_batches if pool is not None else 0
         snap["workers_started"] = bool(pool is not None and pool.launched)
         snap["iterable"] = self._iterable  # (report: a stream's worker reads one iterator, no fetch threads)
+        # (report: nor can fetch threads share a batch that __getitems__ makes in one call)
+        snap["batch_getitems"] = self._auto_collation and not self._iterable and fetches_batches(self.dataset)
         snap["in_order"] = self.in_order
         if pool is not None:
             # workers that started count, also while the pool still probes (a short epoch of

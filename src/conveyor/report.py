@@ -167,7 +167,8 @@ def report(snap: dict[str, Any], cores: int | None = None) -> str:
     collate = _collate_share(snap)
     cheaper = (f"make the collate_fn cheaper (it takes {_pct(collate)} of a batch's time)"
                if collate >= 0.5 else "make each sample cheaper")
-    storage = ", or use fetch_threads if fetches wait on storage" if ratio is None else ""
+    threadable = not snap.get("iterable") and not snap.get("batch_getitems")  # (the loader refuses threads)
+    storage = ", or use fetch_threads if fetches wait on storage" if ratio is None and threadable else ""
     parts: list[str] = []
 
     not_started = snap.get("workers_not_started")
@@ -193,6 +194,11 @@ def report(snap: dict[str, Any], cores: int | None = None) -> str:
             parts.append(f"{head}; fetches mostly wait on storage (CPU {_pct(ratio or 0)} of their time): an "
                          f"IterableDataset's worker reads one item at a time, so num_workers={min(need, 64)}, each "
                          "reading its shard, would hide it (or let the stream read ahead itself)")
+        elif io_bound and need > nw and snap.get("batch_getitems"):
+            # nor can fetch threads split a batch the dataset makes in one call (refused too)
+            parts.append(f"{head}; fetches mostly wait on storage (CPU {_pct(ratio or 0)} of their time): the "
+                         f"dataset's __getitems__ makes each batch in one call, so num_workers={min(need, 64)} "
+                         "would hide it (or let __getitems__ fetch its samples concurrently)")
         elif io_bound and need > nw:
             # ``need`` counts workers with this many threads each: the fetches in flight it takes
             # are ``need * threads``, spread over the workers there are (64 threads at most each)

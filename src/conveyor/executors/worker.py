@@ -453,6 +453,28 @@ ALLOC_IDLE = 16
 ALLOC_RECHECK = 64
 
 
+def fetches_batches(dataset: Any) -> bool:
+    """Does ``dataset`` fetch a batch in one call of its own (``__getitems__``)?
+
+    torch's ``Subset`` (what ``random_split`` returns) and ``StackDataset`` define one that
+    only loops over ``dataset[i]`` when what they wrap has none: those give the same samples
+    one index at a time, and are fetched so, concurrently when there are fetch threads (a
+    ``random_split`` of data on slow storage otherwise fetched each batch one sample after
+    another whatever ``fetch_threads`` said). As torch, ``__getitems__ = None`` means none."""
+    if not getattr(dataset, "__getitems__", None):
+        return False
+    tdata = sys.modules.get("torch.utils.data")
+    if tdata is None or "__getitems__" in getattr(dataset, "__dict__", {}):
+        return True
+    kind = type(dataset).__getitems__
+    if kind is getattr(getattr(tdata, "Subset", None), "__getitems__", None):
+        return fetches_batches(dataset.dataset)
+    if kind is getattr(getattr(tdata, "StackDataset", None), "__getitems__", None):
+        parts = dataset.datasets
+        return any(fetches_batches(d) for d in (parts.values() if isinstance(parts, dict) else parts))
+    return True
+
+
 class Fetcher:
     """Runs tasks for one worker: fetching, seeding, collating, timing."""
 
@@ -470,8 +492,8 @@ class Fetcher:
         self.iter_epoch: int | None = None
         self.exhausted = False
         self.died = False  # the stream ended right after an item raised
-        # as torch: a dataset may set __getitems__ = None to say it has none
-        self.has_getitems = bool(getattr(spec.dataset, "__getitems__", None)) and not spec.iterable
+        # as torch, only batches call ``__getitems__`` (batch_size=None: ``dataset[i]``)
+        self.has_getitems = spec.auto_collation and not spec.iterable and fetches_batches(spec.dataset)
         self.gather = getattr(spec.dataset, "gather", None) if spec.gather else None
         # batches of ``dataset[i]`` for each index and nothing else (no seeding, skipping or
         # gather): ``run`` fetches them inline when no fetch threads or watch are on
