@@ -682,3 +682,26 @@ def test_a_caught_too_many_failures_leaves_no_workers_or_slots_behind(persistent
     # a pool adds a few slots to what its prefetch needs (at most 3 over these 10 epochs);
     # a lost slot a failing epoch grew them by one an epoch, 9 over 10
     assert counts[-1] - counts[0] <= len(counts) // 2, str(counts)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("sampler", ["torch_random", "list"])
+def test_an_epoch_broken_off_stops_its_workers_without_a_collection(sampler: str) -> None:
+    # a sampler without state_dict (torch's, a list) has its batches digested for resume by a
+    # generator, which was a method of the run: a cycle, so an epoch left by ``break`` kept its
+    # workers until a full collection, two more processes an epoch (2, 4, 6, 8)
+    before = Snapshot.take()
+    ds = Squares(64)
+    order: Any = tud.RandomSampler(ds) if sampler == "torch_random" else list(range(64))
+    loader = conveyor.DataLoader(ds, batch_size=4, num_workers=2, sampler=order, **WORKERS)
+    gc.disable()
+    try:
+        for _ in range(3):
+            for i, _batch in enumerate(loader):
+                if i == 2:
+                    break
+            assert wait_until(lambda: not children()), f"workers left after a break: {children()}"
+    finally:
+        gc.enable()
+        loader.close()
+    assert_no_leaks(before)

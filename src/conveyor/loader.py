@@ -1190,6 +1190,25 @@ def _start_words(findings: _Findings, cost: float, batches: int) -> str:
             f"the epoch's {batches} batches take in the main process ({cost * batches:.2f} s)")
 
 
+def _digested(batches: Iterator[Any], digests: array.array, d: int, learn: tuple[Any, Any] | None) -> Iterator[Any]:
+    """``batches``, each extending the digest in ``digests``; with ``learn`` (the loader, weakly,
+    and the RNG mark), the global RNGs the sampler's first draw moved: later epochs' marks take
+    those alone (and torch's, cheap to copy); see replay.Mark.
+
+    A function, not a method of the run: the run holds this generator, and a generator of its
+    own would hold the run, a cycle that kept an epoch broken off early (a torch sampler, a
+    ``break``) and its workers alive until a full collection: two more processes an epoch."""
+    for b in batches:
+        if learn is not None:
+            loader, rngs = learn[0](), learn[1]
+            if loader is not None:
+                loader._rng_use = rngs.moved() | {"torch"}
+            learn = None
+        d = replay.digest(d, b)
+        digests.append(d)
+        yield b
+
+
 class _CpuTimed:
     """``fn`` called with the CPU seconds this thread spends in it added up (``cpu_s``)."""
 
@@ -2068,18 +2087,9 @@ class _Run(Generic[T]):
         self.batches = itertools.chain([extra], self.batches)  # its length was wrong: keep it
 
     def _digesting(self, batches: Iterator[Any]) -> Iterator[Any]:
-        digests = self.digests
-        d = self.digest_at_base
         learn = isinstance(self.rngs, replay.Mark) and self.loader._rng_use is None
-        for b in batches:
-            if learn:
-                # the global RNGs the sampler's first draw moved: later epochs' marks take
-                # those alone (and torch's, cheap to copy); see replay.Mark
-                self.loader._rng_use = self.rngs.moved() | {"torch"}
-                learn = False
-            d = replay.digest(d, b)
-            digests.append(d)
-            yield b
+        return _digested(batches, self.digests, self.digest_at_base,
+                         (weakref.ref(self.loader), self.rngs) if learn else None)
 
     def _replayed_where(self) -> dict[str, Any]:
         """How a resumed epoch replays this run's sampler up to the position handed out (the
