@@ -705,3 +705,34 @@ def test_an_epoch_broken_off_stops_its_workers_without_a_collection(sampler: str
         gc.enable()
         loader.close()
     assert_no_leaks(before)
+
+
+SIGPIPE_DEFAULT = textwrap.dedent("""
+    import signal
+    import conveyor
+
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # as scripts do so that `| head` ends them
+
+    class Rows:
+        def __len__(self):
+            return 64
+
+        def __getitem__(self, i):
+            return i
+
+    if __name__ == "__main__":
+        loader = conveyor.DataLoader(Rows(), batch_size=4, num_workers=2, adaptive=False)
+        for i, _ in enumerate(loader):
+            if i == 2:
+                break
+        print(sum(len(b) for b in loader))
+        loader.close()
+        print("done")
+""")
+
+
+@pytest.mark.timeout(120)
+def test_a_program_with_sigpipe_at_its_default_outlives_its_workers(tmp_path: Path) -> None:
+    # a worker that had stopped was told to stop once more as it was reaped: the write to its
+    # closed pipe raised SIGPIPE, which killed the training process (status 141, no traceback)
+    assert _printed(tmp_path, SIGPIPE_DEFAULT, 100)[0] == ["64", "done"]
