@@ -19,6 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 import torch.utils.data as tud
@@ -736,3 +737,45 @@ def test_a_program_with_sigpipe_at_its_default_outlives_its_workers(tmp_path: Pa
     # a worker that had stopped was told to stop once more as it was reaped: the write to its
     # closed pipe raised SIGPIPE, which killed the training process (status 141, no traceback)
     assert _printed(tmp_path, SIGPIPE_DEFAULT, 100)[0] == ["64", "done"]
+
+
+class _SideLeaf:
+    """256 KB in shared memory and 2 KB beside it a sample: at batch 64 the 128 KB side leaf
+    travels in the result message, larger than the pipe holds."""
+
+    def __len__(self) -> int:
+        return 4096
+
+    def __getitem__(self, i: int) -> tuple[np.ndarray, np.ndarray]:
+        return np.zeros(65536, np.float32), np.zeros(512, np.float32)
+
+
+@pytest.mark.timeout(120)
+def test_close_stops_workers_that_wait_to_send_a_large_result(monkeypatch: pytest.MonkeyPatch) -> None:
+    # each worker had made its next batch and waited for room in the results pipe, which
+    # nobody read any more: close() waited 5 s, then terminated them
+    import multiprocessing.process as mpp
+
+    terminated: list[int] = []
+    terminate = mpp.BaseProcess.terminate
+
+    def counted(self: Any) -> None:
+        terminated.append(self.pid)
+        terminate(self)
+
+    monkeypatch.setattr(mpp.BaseProcess, "terminate", counted)
+    before = Snapshot.take()
+    loader = conveyor.DataLoader(_SideLeaf(), batch_size=64, num_workers=2, output="numpy", **WORKERS)
+    it = iter(loader)
+    for _ in range(3):
+        next(it)
+    assert wait_until(lambda: all(p.status() != "running" for p in _workers()), grace=20)  # its next batch made
+    loader.close()
+    assert terminated == []
+    assert_no_leaks(before)
+
+
+def _workers() -> list[Any]:
+    import psutil
+
+    return [psutil.Process(pid) for pid in children()]

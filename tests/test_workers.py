@@ -396,3 +396,45 @@ def test_the_main_process_keeps_glibcs_own_thresholds() -> None:
     env["PYTHONPATH"] = os.pathsep.join([os.path.dirname(__file__), env.get("PYTHONPATH", "")])
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=50, env=env, check=True)
     assert int(out.stdout.split()[-1]) > 1000, out.stdout
+
+
+BIG_ORDERS = """
+import sys
+import numpy as np
+import conveyor
+
+
+class Rows:
+    # 2**20 rows of 32 features and a 2-wide label: at batch 16384 the label leaf (128 KB)
+    # travels in the result message, and an order of shuffled indices is ~80 KB
+    def __len__(self):
+        return 1 << 20
+
+    def __getitem__(self, i):
+        return np.full(32, i, np.float32), np.full(2, i, np.float32)
+
+    def __getitems__(self, idx):
+        return [self[i] for i in idx]
+
+
+if __name__ == "__main__":
+    loader = conveyor.DataLoader(Rows(), batch_size=16384, shuffle=True, num_workers=1, adaptive=False,
+                                 output="numpy", timeout=60)
+    for i, (x, y) in enumerate(loader):
+        assert (x[:, 0] == y[:, 0]).all()
+        if i == 5:
+            break
+    loader.close()
+    print("done", i)
+"""
+
+
+@pytest.mark.timeout(180)
+def test_orders_and_results_larger_than_a_pipe_do_not_wait_on_each_other(tmp_path: Any) -> None:
+    # the main process wrote an order bigger than the room in the worker's pipe, and waited;
+    # the worker, busy with a batch, then wrote a result bigger than the room in its own pipe,
+    # and waited: for ever, timeout= included (the loop stopped after its first batch)
+    from helpers import run_script
+
+    out = run_script(tmp_path / "big.py", BIG_ORDERS, dict(os.environ), timeout=150)
+    assert out.returncode == 0 and out.stdout.split() == ["done", "5"], out.stderr[-2000:]

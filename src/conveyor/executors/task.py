@@ -13,7 +13,7 @@ import os
 import pickle
 import select
 import signal
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -135,7 +135,7 @@ class Death:
 PIECE = 1 << 15
 
 
-def send(conn: Any, msg: Any, bell: Doorbell | None = None) -> None:
+def send(conn: Any, msg: Any, bell: Doorbell | None = None, full: Callable[[], None] | None = None) -> None:
     """Send ``msg`` on a multiprocessing Connection as a plain pickle (``recv()`` reads it).
 
     ``Connection.send`` pickles with ForkingPickler, which costs ~60% more per small
@@ -148,6 +148,9 @@ def send(conn: Any, msg: Any, bell: Doorbell | None = None) -> None:
     bytes. A worker sleeps on its bell only once it has emptied the pipe and holds no part
     of a message (it waits on the pipe while it does): a write larger than the pipe would
     otherwise block for ever on a worker asleep on a bell that rings only after it.
+
+    ``full``: the pipe is non-blocking, and ``full()`` is called while it is full, to wait
+    for room (a worker reads its orders meanwhile: see ``worker.Drain``).
     """
     data = pickle.dumps(msg, protocol=pickle.HIGHEST_PROTOCOL)
     n = len(data)
@@ -156,12 +159,19 @@ def send(conn: Any, msg: Any, bell: Doorbell | None = None) -> None:
     view = memoryview(head + data)
     if signal.getsignal(signal.SIGPIPE) == signal.SIG_DFL:
         with _no_sigpipe():
-            _write(fd, view, bell)
+            _write(fd, view, bell, full)
     else:
-        _write(fd, view, bell)
+        _write(fd, view, bell, full)
 
 
-def _write(fd: int, view: memoryview, bell: Doorbell | None) -> None:
+def _write(fd: int, view: memoryview, bell: Doorbell | None, full: Callable[[], None] | None) -> None:
+    if full is not None:
+        while view:
+            try:
+                view = view[os.write(fd, view):]
+            except BlockingIOError:
+                full()
+        return
     if bell is None:
         while view:
             view = view[os.write(fd, view):]

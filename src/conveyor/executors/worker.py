@@ -19,6 +19,7 @@ import contextlib
 import copy
 import dataclasses
 import os
+import select
 import signal
 import sys
 import threading
@@ -995,9 +996,15 @@ def _serve(spec: WorkerSpec, worker_id: int, gen: int, tasks: Any, results: Any,
         warned = False
         done = 0
 
+        drain = Drain(results, inbox, parent)
+        os.set_blocking(results.fileno(), False)  # (see Drain)
+
         def take() -> bool:
-            """Apply the orders waiting (the pipe is readable); False: stop, or the main process is gone."""
-            orders = inbox.take()
+            """Apply the orders waiting (the pipe is readable, or orders were read while a result
+            waited for room); False: stop, or the main process is gone."""
+            orders = inbox.take() if not drain.parked else drain.parked + (
+                inbox.take() if bell is not None or readable() else [])
+            drain.parked = []
             if inbox.eof:
                 return False
             return all(accept(order) for order in orders)
@@ -1076,9 +1083,9 @@ def _serve(spec: WorkerSpec, worker_id: int, gen: int, tasks: Any, results: Any,
             done += 1
             if done % 16 == 1:
                 result.rss = rss()
-            send(results, result.fields())  # plain tuples only: cheap to pickle (see Result.fields)
+            send(results, result.fields(), full=drain)  # plain tuples only: cheap to pickle (see Result.fields)
             # take any orders that arrived meanwhile, without blocking
-            if (bell is not None or readable()) and not take():
+            if (drain.parked or bell is not None or readable()) and not take():
                 return
     except (BrokenPipeError, EOFError, ConnectionResetError):
         return
@@ -1203,6 +1210,36 @@ class ParentWatch:
             return
         while self.alive():
             time.sleep(0.5)
+
+
+class Drain:
+    """What a worker does while its results pipe is full: read its orders, keeping them
+    (``parked``) for the loop to apply.
+
+    The main process writes an order with a blocking write and reads no result meanwhile;
+    an order larger than the room left in the pipe (the indices of a batch of ~16k shuffled
+    rows, ~80 KB) to a worker busy with a batch whose result is larger too (a 128 KB side
+    leaf) left each waiting on the other for ever, ``timeout`` included. Called as
+    ``send``'s ``full``: the results pipe is non-blocking."""
+
+    def __init__(self, results: Any, inbox: Inbox, parent: ParentWatch) -> None:
+        self.inbox, self.parent = inbox, parent
+        self.parked: list[Any] = []
+        self.poller = select.poll()  # poll, not select: a worker may hold more than 1024 descriptors
+        self.poller.register(inbox.fd, select.POLLIN | select.POLLHUP | select.POLLERR)
+        self.poller.register(results.fileno(), select.POLLOUT | select.POLLERR)
+
+    def __call__(self) -> None:
+        got = self.poller.poll(500)
+        if any(fd == self.inbox.fd for fd, _ in got):
+            self.parked += self.inbox.take()
+            if self.inbox.eof:
+                raise BrokenPipeError("the main process closed the order pipe")
+            if any(type(o) is Order and o.stop for o in self.parked):
+                # closing: it reads no more results, and waited 5 s for this one's room
+                raise BrokenPipeError("told to stop while a result waited for room")
+        elif not got and not self.parent.alive():
+            raise BrokenPipeError("the main process is gone")
 
 
 def _wait(readable: Callable[[float], bool], parent: ParentWatch) -> bool:
