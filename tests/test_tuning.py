@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass, replace
+from pathlib import Path
 from unittest import mock
 
 import pytest
@@ -383,6 +384,7 @@ def test_ranks_of_one_machine_share_its_cores_and_memory(monkeypatch: pytest.Mon
     # ran 2 workers each, and read the starved workers as waiting on storage
     tuning = conveyor.tuning
     monkeypatch.setattr(tuning, "usable_cores", lambda: 8)
+    monkeypatch.setattr(tuning, "cgroup_cpus", lambda: None)  # (a quota: the next test)
     monkeypatch.setattr(tuning.os, "cpu_count", lambda: 8)
     monkeypatch.setattr(tuning, "ram_budget", lambda: 8 << 30)
     for name in ("LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE"):
@@ -401,6 +403,67 @@ def test_ranks_of_one_machine_share_its_cores_and_memory(monkeypatch: pytest.Mon
     monkeypatch.setattr(tuning.os, "cpu_count", lambda: 16)
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
     assert tuning.cpu_share() == 4
+
+
+def _cgroups(tmp_path: Path, table: str, files: dict[str, str]) -> tuple[str, str]:
+    """A cgroup tree under ``tmp_path``: (its root, a /proc/self/cgroup of ``table``)."""
+    root = tmp_path / "cgroup"
+    root.mkdir()
+    for name, text in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(text + "\n")
+    (tmp_path / "table").write_text(table)
+    return str(root), str(tmp_path / "table")
+
+
+@pytest.mark.parametrize("table, files, cpus", [
+    # a container (cgroup namespace) with docker --cpus=1.5, unified hierarchy
+    ("0::/\n", {"cgroup.controllers": "cpu memory", "cpu.max": "150000 100000"}, 1.5),
+    # no quota at all
+    ("0::/\n", {"cgroup.controllers": "cpu memory", "cpu.max": "max 100000"}, None),
+    # a quota on the parent of this process's cgroup binds it too
+    ("0::/a/b\n", {"cgroup.controllers": "", "a/cpu.max": "300000 100000", "a/b/cpu.max": "max 100000"}, 3.0),
+    # v1 without a namespace: the cgroup's path is not there, the mount's root is the container's
+    ("4:memory:/docker/x\n1:cpu,cpuacct:/docker/x\n0::/\n",
+     {"cpu,cpuacct/cpu.cfs_quota_us": "200000", "cpu,cpuacct/cpu.cfs_period_us": "100000"}, 2.0),
+    ("1:cpu,cpuacct:/\n", {"cpu,cpuacct/cpu.cfs_quota_us": "-1", "cpu,cpuacct/cpu.cfs_period_us": "100000"}, None),
+    # a hybrid host: v1 controllers, the unified hierarchy beside them
+    ("1:cpu:/\n0::/\n", {"cpu/cpu.cfs_quota_us": "-1", "cpu/cpu.cfs_period_us": "100000",
+                           "unified/cpu.max": "50000 100000"}, 0.5),
+])
+def test_a_cgroup_cpu_quota_is_read(tmp_path: Path, table: str, files: dict[str, str], cpus: float | None) -> None:
+    # docker --cpus and Kubernetes CPU limits leave the affinity listing every host core:
+    # "auto" forked a worker per host core into a container allowed one or two
+    root, path = _cgroups(tmp_path, table, files)
+    assert conveyor.tuning.cgroup_cpus(root, path) == cpus
+
+
+@pytest.mark.parametrize("table, files, free", [
+    ("0::/\n", {"cgroup.controllers": "", "memory.max": str(1 << 30), "memory.current": str(1 << 28)}, 3 << 28),
+    ("0::/\n", {"cgroup.controllers": "", "memory.max": "max", "memory.current": str(1 << 28)}, None),
+    ("4:memory:/\n", {"memory/memory.limit_in_bytes": "9223372036854771712",
+                       "memory/memory.usage_in_bytes": "649773056"}, None),  # v1's "no limit"
+    ("4:memory:/\n", {"memory/memory.limit_in_bytes": str(2 << 30), "memory/memory.usage_in_bytes": str(3 << 30)}, 0),
+])
+def test_a_cgroup_memory_limit_is_read(tmp_path: Path, table: str, files: dict[str, str], free: int | None) -> None:
+    root, path = _cgroups(tmp_path, table, files)
+    assert conveyor.tuning.cgroup_free_bytes(root, path) == free
+
+
+def test_a_cgroup_quota_and_limit_bound_what_auto_may_take(monkeypatch: pytest.MonkeyPatch) -> None:
+    tuning = conveyor.tuning
+    for name in ("LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(tuning, "usable_cores", lambda: 32)  # the host's cores, all in the affinity
+    monkeypatch.setattr(tuning, "cgroup_cpus", lambda: 2.5)
+    assert (tuning.cpu_share(), tuning.cpu_budget()) == (3, 2)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")  # the container's ranks share its quota
+    assert tuning.cpu_share() == 1
+    monkeypatch.setattr(tuning, "cgroup_cpus", lambda: 64.0)  # a quota above the cores: the cores bind
+    monkeypatch.delenv("LOCAL_WORLD_SIZE")
+    assert tuning.cpu_share() == 32
+    monkeypatch.setattr(tuning, "cgroup_free_bytes", lambda: 1 << 30)
+    assert tuning.ram_budget(0.5) == 1 << 29  # (this machine has more than 1 GiB free)
 
 
 def test_auto_under_ranks_of_one_machine_starts_its_share_of_workers(monkeypatch: pytest.MonkeyPatch) -> None:

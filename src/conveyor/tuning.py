@@ -21,8 +21,9 @@ processes do, at a fraction of the memory, up to what keeps a worker's core
 busy (the share of its core a worker used with ``T`` threads is its CPU time
 over the wall time of spans of its batches; a worker near a full core is
 offered fewer threads, each cut checked by :class:`ThreadSteer`). Memory caps
-the worker count: every worker costs its resident growth plus
-``prefetch_factor`` batches in flight.
+the worker count: every worker costs the private memory it adds (not what it
+shares with the training process since the fork) plus ``prefetch_factor``
+batches in flight.
 
 When workers do not report CPU time, the tuner assumes CPU-bound work (more
 processes hide latency too), and switches to threads once it has seen that
@@ -64,6 +65,98 @@ def usable_cores() -> int:
         return os.cpu_count() or 1
 
 
+CGROUP_ROOT = "/sys/fs/cgroup"
+
+
+def _cgroup_dirs(root: str = CGROUP_ROOT, table: str = "/proc/self/cgroup") -> list[tuple[str, str]]:
+    """This process's cgroup directories, innermost first with their ancestors after, as
+    (version, directory): ``"2"`` for the unified hierarchy, ``"1"`` for v1's cpu and memory
+    controllers (each under its own mount). A container's cgroup namespace shows its own
+    cgroup as "/"; a v1 path that is not there (no namespace) falls back to the mount's root."""
+    try:
+        with open(table, encoding="ascii", errors="replace") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return []
+    out: list[tuple[str, str]] = []
+    for line in lines:
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        _, controllers, path = parts
+        if controllers == "":
+            # the unified hierarchy: at the root, or beside v1's controllers (a hybrid host)
+            unified = os.path.join(root, "unified")
+            mounts = [unified if os.path.isdir(unified) and not os.path.exists(os.path.join(root, "cgroup.controllers"))
+                      else root]
+            version = "2"
+        else:
+            names = set(controllers.split(","))
+            mounts = [os.path.join(root, m) for m in ("cpu,cpuacct", "cpu", "memory") if names & set(m.split(","))]
+            version = "1"
+        for mount in mounts:
+            here = os.path.normpath(mount + "/" + path.strip("/")) if path.strip("/") else mount
+            if not os.path.isdir(here):
+                here = mount
+            while True:
+                out.append((version, here))
+                if len(here) <= len(mount) or not here.startswith(mount):
+                    break
+                here = os.path.dirname(here)
+    return out
+
+
+def _read(path: str) -> str | None:
+    try:
+        with open(path, encoding="ascii") as f:
+            return f.read().strip()
+    except (OSError, ValueError):
+        return None
+
+
+def cgroup_cpus(root: str = CGROUP_ROOT, table: str = "/proc/self/cgroup") -> float | None:
+    """The CPUs a cgroup quota lets this process use (``docker --cpus``, a Kubernetes CPU
+    limit: the affinity still lists every core of the host), the tightest of its cgroup and
+    their ancestors; None where there is none.
+
+    >>> n = cgroup_cpus(); n is None or n > 0
+    True
+    """
+    best: float | None = None
+    for version, d in _cgroup_dirs(root, table):
+        if version == "2":
+            text = _read(os.path.join(d, "cpu.max"))
+            fields = text.split() if text else []
+            quota, period = (fields + ["", ""])[:2]
+        else:
+            quota = _read(os.path.join(d, "cpu.cfs_quota_us")) or ""
+            period = _read(os.path.join(d, "cpu.cfs_period_us")) or ""
+        try:
+            q, p = float(quota), float(period)
+        except ValueError:
+            continue  # "max", -1, or no such file: no quota here
+        if q > 0 and p > 0:
+            best = q / p if best is None else min(best, q / p)
+    return best
+
+
+def cgroup_free_bytes(root: str = CGROUP_ROOT, table: str = "/proc/self/cgroup") -> int | None:
+    """Bytes this process's cgroups still allow it (``memory.max`` less what they use: a
+    container's limit, where the host's free memory says nothing); None where none is set."""
+    best: int | None = None
+    for version, d in _cgroup_dirs(root, table):
+        names = ("memory.max", "memory.current") if version == "2" else ("memory.limit_in_bytes", "memory.usage_in_bytes")
+        limit, used = (_read(os.path.join(d, n)) for n in names)
+        try:
+            room = int(limit or "") - int(used or "0")
+        except ValueError:
+            continue  # "max", or no such file
+        if int(limit or "0") >= 1 << 60:
+            continue  # v1's "no limit" is a page-rounded 2**63
+        best = max(0, room) if best is None else min(best, max(0, room))
+    return best
+
+
 def ranks_here() -> int:
     """Training processes on this machine, as their launcher says (torchrun's
     ``LOCAL_WORLD_SIZE``, Open MPI's ``OMPI_COMM_WORLD_LOCAL_SIZE``); 1 where none says.
@@ -95,6 +188,10 @@ def cpu_share() -> int:
     """
     cores = usable_cores()
     ranks = ranks_here()
+    quota = cgroup_cpus()
+    if quota is not None and quota < cores:
+        # a cgroup's quota (a container's): its training processes share it, whatever cores they run on
+        return max(1, math.ceil(quota - 1e-9) // ranks)
     if ranks > 1 and cores * ranks > (os.cpu_count() or cores):
         return max(1, cores // ranks)
     return cores
@@ -126,18 +223,21 @@ def ram_budget(fraction: float = 0.5) -> int | None:
     >>> b = ram_budget(); b is None or b > 0
     True
     """
+    free = cgroup_free_bytes()  # a container's limit: the host's free memory says nothing of it
     try:
         with open("/proc/meminfo", "rb") as f:  # bytes: no codec lookup on a first call (~1 ms)
             for line in f:
                 if line.startswith(b"MemAvailable:"):
-                    return int(int(line.split()[1]) * 1024 * fraction)
+                    host = int(line.split()[1]) * 1024
+                    return int((host if free is None else min(host, free)) * fraction)
     except (OSError, ValueError, IndexError):
         pass
     try:
         import psutil
     except ImportError:
-        return None
-    return int(psutil.virtual_memory().available * fraction)
+        return None if free is None else int(free * fraction)
+    host = psutil.virtual_memory().available
+    return int((host if free is None else min(host, free)) * fraction)
 
 
 @dataclass(frozen=True)
