@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+import conveyor
 from conveyor.report import plot_sweep, plot_timeline, report, workers_needed
 from conveyor.stats import Stats, trace_events, write_trace
 
@@ -136,7 +137,23 @@ def test_report_mentions_failures_restarts_and_slow_first_batch() -> None:
     text = report(s, cores=8)
     assert "1 sample(s) failed and were skipped (first: index 5, ValueError: bad row)" in text
     assert "1 worker restart(s); worker 1 (pid 7) was killed by signal SIGKILL" in text
-    assert "The first batch took 4.2 s (worker start-up)" in text
+    assert "The first batch took 4.2 s (worker start-up); persistent_workers=True pays it once" in text
+    # a loader whose workers persist was told to make them persist
+    text = report(s | {"persistent_workers": True}, cores=8)
+    assert "The first batch took 4.2 s (worker start-up), paid once: the workers persist" in text
+    assert "persistent_workers=True" not in text
+
+
+def test_the_clocks_start_at_the_first_iter_not_when_the_loader_is_made() -> None:
+    # the model built between the two (seconds) read as the workers' start-up in report()
+    loader = conveyor.DataLoader(list(range(8)), batch_size=4, output="numpy")
+    asked = time.perf_counter()
+    assert [b.tolist() for b in loader] == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    assert loader._stats.started >= asked
+    first = loader.stats()["first_batch_s"]
+    again = time.perf_counter()
+    list(loader)  # a later epoch leaves them where they began
+    assert loader._stats.started < again and loader.stats()["first_batch_s"] == first
 
 
 def test_trace_is_chrome_json_with_a_track_per_worker(tmp_path: Path) -> None:

@@ -579,6 +579,10 @@ class DataLoader(Generic[T]):
 
     # -- iteration ----------------------------------------------------------
     def __iter__(self) -> Iterator[T]:
+        if not self._stats.began:
+            # the clock of first_batch_s, throughput and the trace starts here, not when the loader
+            # was made: the model built and moved meanwhile (seconds) read as the workers' start-up
+            self._stats.begin()
         epoch, skip, base_seed, done, replicas = self._epoch, 0, None, [], None
         persistent = self.persistent_workers and self.num_workers > 0
         replayed = None
@@ -738,6 +742,7 @@ class DataLoader(Generic[T]):
         # (report: nor can fetch threads share a batch that __getitems__ makes in one call)
         snap["batch_getitems"] = self._auto_collation and not self._iterable and fetches_batches(self.dataset)
         snap["in_order"] = self.in_order
+        snap["persistent_workers"] = self.persistent_workers
         if pool is not None:
             # workers that started count, also while the pool still probes (a short epoch of
             # thread workers read as num_workers=0, and report() advised what was set already)

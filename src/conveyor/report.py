@@ -254,7 +254,9 @@ def report(snap: dict[str, Any], cores: int | None = None) -> str:
     first_s = snap.get("first_batch_s")
     step = snap.get("step_per_batch_s") or 0.0
     if first_s is not None and first_s > 1.0 and first_s > 20 * max(step, mean):
-        if nw > 0:
+        if nw > 0 and snap.get("persistent_workers"):
+            parts.append(f"the first batch took {first_s:.1f} s (worker start-up), paid once: the workers persist")
+        elif nw > 0:
             parts.append(f"the first batch took {first_s:.1f} s (worker start-up); persistent_workers=True pays "
                          "it once instead of every epoch")
         else:

@@ -123,6 +123,7 @@ class Stats:
     deaths: list[str] = field(default_factory=list)
     restarts: int = 0
     started: float = field(default_factory=time.perf_counter)
+    began: bool = False  # ``begin`` was called: the first iter()
     last_handed: float | None = None
     events: Trace = field(init=False)
     queue_depth_sum: int = 0
@@ -216,6 +217,12 @@ class Stats:
             self.batch_bytes += nbytes
             self.sized_batches += 1
         self.events.append("fetch", worker, start, end)
+
+    def begin(self) -> None:
+        """The loader's first iter(): the clocks start (nothing was recorded before)."""
+        self.began = True
+        if self.first_batch_s is None and not self.batches:
+            self.started = time.perf_counter()
 
     def handed(self, asked: float, got: float, size: int, ready: int) -> None:
         """The consumer asked at ``asked`` and got a batch of ``size`` at ``got``."""
