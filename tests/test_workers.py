@@ -438,3 +438,31 @@ def test_orders_and_results_larger_than_a_pipe_do_not_wait_on_each_other(tmp_pat
 
     out = run_script(tmp_path / "big.py", BIG_ORDERS, dict(os.environ), timeout=150)
     assert out.returncode == 0 and out.stdout.split() == ["done", "5"], out.stderr[-2000:]
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.skipif(not os.path.exists("/proc/self/smaps_rollup"), reason="needs Linux's smaps_rollup")
+def test_a_forked_workers_memory_is_what_it_adds_not_what_it_shares() -> None:
+    # a forked worker's resident set counts the training process's pages it shares: with a
+    # parent of 3 GB each worker read 3 GB, and "auto" capped its workers on memory
+    from conveyor.executors.worker import _Rss
+
+    held = np.ones(256 << 17)  # 256 MB, touched
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: what it adds (a little), what is resident (all that it shares)
+        try:
+            os.close(r)
+            mine = _Rss()() or -1
+            resident = int(open("/proc/self/statm").read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+            os.write(w, f"{mine} {resident}".encode())
+        finally:
+            os._exit(0)
+    os.close(w)
+    try:
+        mine, resident = map(int, os.read(r, 100).split())
+    finally:
+        os.close(r)
+        os.waitpid(pid, 0)
+    assert resident > held.nbytes
+    assert 0 < mine < held.nbytes // 4
