@@ -377,7 +377,7 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in [
              build_diabetes_array, loaders=("torch0", "torch2", "conveyor0", "conveyor2", "conveyor2t"),
              targets=("conveyor0/torch0>=20", "conveyor2/torch0>=20")),
     Scenario("images_uint8", "2048 random uint8 3x224x224 from one numpy array, batch 64, 4 epochs",
-             build_images, targets=("conveyor2/torch2>=4", "conveyor2/torch0>=1")),
+             build_images, targets=("conveyor2/torch2>=4", "conveyor2/torch0>=1"), min_repeats=7),
     Scenario("jpeg", "512 JPEGs 256..320 px, Pillow decode, random 224 crop + flip, batch 64, 4 epochs",
              build_jpeg, targets=("conveyor2/torch2>=1.1",)),
     Scenario("detection", "uint8 3x256x256 + 1..20 boxes, list collate, batch 16, 4 epochs",
