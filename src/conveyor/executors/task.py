@@ -157,7 +157,7 @@ def send(conn: Any, msg: Any, bell: Doorbell | None = None, full: Callable[[], N
     head = n.to_bytes(4, "big") if n < 0x7FFFFFFF else b"\xff\xff\xff\xff" + n.to_bytes(8, "big")
     fd = conn.fileno()
     view = memoryview(head + data)
-    if signal.getsignal(signal.SIGPIPE) == signal.SIG_DFL:
+    if _HOLD_SIGPIPE and signal.getsignal(signal.SIGPIPE) == signal.SIG_DFL:
         with _no_sigpipe():
             _write(fd, view, bell, full)
     else:
@@ -179,6 +179,10 @@ def _write(fd: int, view: memoryview, bell: Doorbell | None, full: Callable[[], 
     while view:
         view = view[os.write(fd, view[:PIECE]):]
         bell.ring()
+
+
+# (no SIGPIPE on Windows; no sigtimedwait to take a raised one on macOS)
+_HOLD_SIGPIPE = hasattr(signal, "SIGPIPE") and hasattr(signal, "sigtimedwait") and hasattr(signal, "pthread_sigmask")
 
 
 @contextlib.contextmanager
