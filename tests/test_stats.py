@@ -144,6 +144,16 @@ def test_report_mentions_failures_restarts_and_slow_first_batch() -> None:
     assert "persistent_workers=True" not in text
 
 
+def test_mostly_hidden_loading_is_not_told_to_take_more_workers_than_cores() -> None:
+    # 3 workers, batches of 40 ms, a 10 ms step: 4 would hide the 7% left, where 4 fit
+    snap = {"batches": 100, "steps": 99, "wait_fraction": 0.07, "step_per_batch_s": 0.01, "num_workers": 3,
+            "fetch_threads": 1, "workers": {i: {"batches": 33, "busy_s": 1.32} for i in range(3)}}
+    assert "loading is mostly hidden: the consumer waited 7% of the time; 4 workers would hide the rest" \
+        in report(snap, cores=8)
+    said = report(snap, cores=3)
+    assert said.startswith("loading is mostly hidden") and "would hide" not in said
+
+
 def test_the_clocks_start_at_the_first_iter_not_when_the_loader_is_made() -> None:
     # the model built between the two (seconds) read as the workers' start-up in report()
     loader = conveyor.DataLoader(list(range(8)), batch_size=4, output="numpy")

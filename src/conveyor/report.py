@@ -227,7 +227,14 @@ def report(snap: dict[str, Any], cores: int | None = None) -> str:
                          f"{mean * 1e3:.1f} ms, a step {float(snap.get('step_per_batch_s') or 0) * 1e3:.1f} ms): "
                          + _why_slow_though_enough(snap, nw, mean))
     elif wf >= HIDDEN:
-        extra = f"; {_workers(need)} would hide the rest" if need is not None and need > nw else ""
+        extra = ""
+        if need is not None and need > nw:
+            # as the bottleneck's advice: fetches that wait want threads, and no more workers
+            # than the cores free for them (3 workers on 3 cores were told "4 would hide the rest")
+            if io_bound and threadable:
+                extra = "; more fetch_threads would hide the rest"
+            elif need <= cores and not io_bound:
+                extra = f"; {_workers(need)} would hide the rest"
         parts.append(f"loading is mostly hidden: the consumer waited {_pct(wf)} of the time{extra}")
     else:
         busy = [w.get("busy_fraction") for k, w in snap.get("workers", {}).items()
