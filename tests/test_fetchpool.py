@@ -102,6 +102,30 @@ def test_close_stops_every_thread_and_cancel_drops_queued_items() -> None:
         batch.results()
 
 
+@pytest.mark.timeout(60)
+def test_close_gives_up_on_a_fetch_that_never_returns() -> None:
+    # a read of storage that hangs held close() for ever (a Ctrl-C in the main process's
+    # fetches too): the join has a deadline, and the thread still inside it is named
+    pool = FetchPool(2)
+    gate, inside = threading.Event(), threading.Event()
+
+    def fetch(i: int, epoch: int) -> int:
+        if i == 0:
+            inside.set()
+            gate.wait(50)
+        return i
+
+    pool.submit(fetch, [0, 1, 2], 0)
+    assert inside.wait(10)
+    stuck = pool.close(wait=True, cancel=True, timeout=0.2)
+    try:
+        assert len(stuck) == 1 and stuck[0].is_alive()
+    finally:
+        gate.set()
+    stuck[0].join(10)
+    assert not stuck[0].is_alive()
+
+
 def test_a_pool_nobody_holds_ends_its_threads() -> None:
     import gc
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import queue
 import threading
+import time
 import weakref
 from time import perf_counter
 from collections.abc import Callable, Sequence
@@ -107,14 +108,19 @@ class FetchPool:
         """``[fn(x) for x in items]``, run on the threads."""
         return self.submit(lambda x, _: fn(x), items).results()
 
-    def close(self, wait: bool = True, cancel: bool = False) -> None:
-        """Stop the threads once the queue is drained (``cancel``: drop what is still queued)."""
+    def close(self, wait: bool = True, cancel: bool = False, timeout: float | None = None) -> list[threading.Thread]:
+        """Stop the threads once the queue is drained (``cancel``: drop what is still queued).
+        With ``wait``, join them, for at most ``timeout`` seconds in all: returns those still
+        running then (a fetch that never returns: a read of storage that hangs)."""
         self._flags.closed = self._flags.closed or cancel
         if self._finalizer.detach() is not None:
             _release(self.queue, self.n)
-        if wait:
-            for t in self.threads:
-                t.join()
+        if not wait:
+            return []
+        deadline = None if timeout is None else time.monotonic() + timeout
+        for t in self.threads:
+            t.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
+        return [t for t in self.threads if t.is_alive()]
 
 
 class _Flags:

@@ -840,10 +840,15 @@ class Fetcher:
     def _wid(self) -> int:
         return -1 if self.worker_id is None else self.worker_id
 
-    def close(self) -> None:
+    def close(self, wait_s: float = 5.0) -> None:
+        """Stop the fetch threads, waiting ``wait_s`` seconds at most: one stuck in a fetch
+        that never returns (a hung network read) held close() for ever, a Ctrl-C too. Such a
+        thread is left (a daemon) and no longer holds up seeded fetches elsewhere."""
         if self.pool is not None:
-            self.pool.close(wait=True, cancel=True)
-            self.pool = None
+            pool, self.pool = self.pool, None
+            stuck = pool.close(wait=True, cancel=True, timeout=wait_s)
+            if stuck:
+                rng_lock.abandon({t.ident for t in stuck} - {None})
 
 
 class _Skipped:
