@@ -77,7 +77,8 @@ class FetchPool:
     >>> pool = FetchPool(4)
     >>> pool.submit(lambda i, e: i * 10 + e, [1, 2, 3], 0).results()
     [10, 20, 30]
-    >>> pool.close()
+    >>> pool.close()  # the threads still running after the join: none here
+    []
     """
 
     def __init__(self, n: int, name: str = "conveyor-fetch", init: Callable[[], None] | None = None) -> None:
