@@ -260,6 +260,18 @@ def test_batches_gathered_in_bulk_are_counted_and_traced() -> None:
     assert any(kind == "fetch" and worker == -1 for kind, worker, _, _ in events)
 
 
+def test_a_gather_of_many_batches_spreads_its_time_evenly_in_the_batch_cost_spread() -> None:
+    # one gather of 64 batches in 0.64 s and 64 single batches of 10 ms: all cost 10 ms each;
+    # summing the gather's square as one batch's made the spread ~8x the mean
+    st = Stats(started=0.0)
+    st.result(-1, 0.0, 0.0, 0.64, batches=64)
+    for i in range(64):
+        st.result(-1, 1.0 + i * 0.01, 0.0, 1.0 + (i + 1) * 0.01)
+    w = st.snapshot()["workers"][-1]
+    assert w["batches"] == 128 and w["mean_batch_s"] == pytest.approx(0.01)
+    assert w["std_batch_s"] == pytest.approx(0.0, abs=1e-6)
+
+
 def test_the_main_process_track_is_named_for_any_worker_count() -> None:
     # batches made in the main process by an adaptive loader with workers were drawn on a
     # track named "(num_workers=0)"

@@ -199,7 +199,7 @@ class Stats:
             wt.collate_s += end - fetched
         busy = end - start
         wt.busy_s += busy
-        wt.busy_sq += busy * busy
+        wt.busy_sq += busy * busy / batches  # a gather's batches taken as equal in cost
         if cpu is not None:
             wt.cpu_s += cpu
             if cpu_span is None:
