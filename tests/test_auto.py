@@ -821,7 +821,10 @@ def test_tuning_names_the_workers_that_run(monkeypatch: pytest.MonkeyPatch) -> N
         wish = Decision(1, 1, 2, "fewer would do", True)
         monkeypatch.setattr(pool.tuner, "decision", lambda: wish)
         assert sum(len(b) for b in it) == 248
-        assert loader.tuning()["num_workers"] == loader.stats()["num_workers"] == 2
+        said = loader.tuning()
+        assert said["num_workers"] == loader.stats()["num_workers"] == 2
+        # ... and its reason, which argues for the wish, says why two run
+        assert said["reason"].startswith("fewer would do; 2 workers run, not 1"), said
 
 
 def _epochs(loader: DataLoader, n: int) -> tuple[list[np.ndarray], list[bool]]:

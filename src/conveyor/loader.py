@@ -775,7 +775,11 @@ class DataLoader(Generic[T]):
                         and tuning["num_workers"] < running):
                     # workers are not stopped mid-run: those that run are what to pin (the
                     # tuner's smaller count, pinned, ran 1.81 s where what ran took 1.28 s)
-                    tuning["num_workers"] = running
+                    wish, tuning["num_workers"] = tuning["num_workers"], running
+                    if tuning.get("reason"):
+                        # the reason argues for the wish (it read "memory allows 1" beside 2)
+                        tuning["reason"] += (f"; {running} workers run, not {wish}: workers that started "
+                                             "are kept to the end of the run")
                 snap["tuning"] = tuning
         return snap
 
