@@ -827,6 +827,45 @@ def test_tuning_names_the_workers_that_run(monkeypatch: pytest.MonkeyPatch) -> N
         assert said["reason"].startswith("fewer would do; 2 workers run, not 1"), said
 
 
+@pytest.mark.timeout(60)
+def test_fixed_workers_with_auto_threads_keep_cheap_batches_here_and_tune_to_valid_settings() -> None:
+    # num_workers=2, fetch_threads="auto": tuning() read num_workers=0 beside prefetch_factor=2
+    # while adaptive kept the cheap batches here (the constructor refuses that), and the first
+    # retune started the workers anyway
+    with DataLoader(list(range(4000)), batch_size=4, num_workers=2, fetch_threads="auto", output="numpy") as loader:
+        it = iter(loader)
+        for _ in range(3):
+            next(it)
+        early = loader.tuning()
+        for _ in range(60):
+            next(it)
+        later = loader.tuning()
+        pool = loader._last_pool
+        del it
+    assert pool is not None and not pool.launched and pool.mode == "inline"
+    for said in (early, later):
+        assert said is not None and said["num_workers"] == 2, said
+        pinned = {k: said[k] for k in ("num_workers", "fetch_threads", "prefetch_factor")}
+        DataLoader(list(range(8)), **pinned).close()  # accepted as it is
+
+
+@pytest.mark.timeout(60)
+def test_fixed_workers_with_auto_threads_start_wide_for_batches_that_wait() -> None:
+    # num_workers=2, fetch_threads="auto", samples that sleep: the workers started with one
+    # thread each and kept it until the tuner's first say, ten batches later
+    with DataLoader(Waits(), batch_size=16, num_workers=2, fetch_threads="auto", output="numpy") as loader:
+        it = iter(loader)
+        first = np.concatenate([next(it) for _ in range(2)])
+        pool = loader._last_pool
+        assert pool is not None and pool.launched and pool.mode == "workers"
+        started = (pool.num_workers, pool.threads)
+        rest = np.concatenate(list(it))
+        del it
+    assert started[0] == 2 and started[1] > 1, started
+    got = np.concatenate([first, rest])[:, 0]
+    assert (got == np.arange(len(Waits()))).all()  # the same batches, in order
+
+
 def _epochs(loader: DataLoader, n: int) -> tuple[list[np.ndarray], list[bool]]:
     """``n`` epochs' batches, each epoch's concatenated, and whether each started workers."""
     epochs, started = [], []

@@ -84,12 +84,12 @@ class Sim:
 
 
 def tune(work: Workload, *, ram: int | None = None, every: int = 8, limit: int = 200,
-         start: Decision | None = None) -> tuple[Decision, int]:
+         start: Decision | None = None, workers: int | None = None) -> tuple[Decision, int]:
     """Run the loop the loader will run: observe every ``every`` batches, apply each decision at
     once, fetch threads through the tuner's ThreadSteer (on the simulated clock). Returns the
-    settled decision with the thread count that ran."""
-    start = start or Decision(0, 1, None)
-    tuner = Tuner(cpu=work.cores, ram=ram)
+    settled decision with the thread count that ran. ``workers``: the user fixed that many."""
+    start = start or Decision(workers or 0, 1, None)
+    tuner = Tuner(cpu=work.cores, ram=ram, workers=workers)
     sim = Sim(work, start)
     seen = 0
     with mock.patch.object(conveyor.tuning.time, "perf_counter", lambda: sim.clock):
@@ -99,7 +99,7 @@ def tune(work: Workload, *, ram: int | None = None, every: int = 8, limit: int =
             d = tuner.decision()
             if not d.reason.startswith("measuring"):
                 threads = tuner.steer_threads(sim.d.fetch_threads) if sim.d.num_workers else d.fetch_threads
-                sim.apply(replace(d, fetch_threads=threads))
+                sim.apply(replace(d, fetch_threads=threads, num_workers=workers or d.num_workers))
             if d.settled:
                 return sim.d, seen
     raise AssertionError(f"the tuner did not settle within {limit} batches: {tuner.decision()}")
@@ -124,6 +124,16 @@ def test_io_bound_fetch_gets_threads_not_processes() -> None:
     assert d.fetch_threads == math.ceil(0.052 * 1.1 / 0.01)
     assert "I/O-bound" in d.reason
     assert seen <= 48
+
+
+def test_threads_are_sized_for_the_workers_the_user_fixed() -> None:
+    # num_workers=4, fetch_threads="auto": 6 fetches at once hide loading, 2 a worker; the
+    # tuner sized threads for the one worker it would have picked, 6 for each of the 4
+    d, _ = tune(Workload(cpu=0.002, io=0.05, step=0.01, cores=8), workers=4)
+    assert (d.num_workers, d.fetch_threads) == (4, 2), d
+    # ... and a memory cap does not cut workers the user fixed
+    d, _ = tune(Workload(cpu=0.02, io=0.0, step=0.01, cores=8, rss=GiB), workers=4, ram=2 * GiB)
+    assert d.num_workers == 4 and "memory allows" not in d.reason, d
 
 
 def test_fast_fetch_needs_no_workers() -> None:

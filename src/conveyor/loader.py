@@ -759,7 +759,10 @@ class DataLoader(Generic[T]):
                 tuning = pool.tuner.decision().to_dict()
                 for name in ("num_workers", "fetch_threads", "prefetch_factor"):
                     if not (self._auto or {}).get(name):
-                        tuning[name] = snap[name]
+                        # the user's own setting, not what runs now: ``adaptive`` may keep the
+                        # user's workers back while batches are cheap (it read num_workers=0
+                        # beside prefetch_factor=2, which the constructor refuses)
+                        tuning[name] = getattr(self, name)
                 if pool.launched and (self._auto or {}).get("fetch_threads"):
                     # the threads that run: the tuner's wish goes through ThreadSteer, which
                     # damps cuts and undoes those that cost throughput
@@ -770,6 +773,8 @@ class DataLoader(Generic[T]):
                         # "32 threads a worker keep its core busy" beside fetch_threads=64)
                         tuning["reason"] += (f"; {snap['fetch_threads']} threads run, not {wish}: a cut goes "
                                              "at most halfway at a time and is undone if it costs throughput")
+                if not tuning["num_workers"]:
+                    tuning["prefetch_factor"] = None  # (what the constructor takes without workers)
                 running = snap["num_workers"]
                 if (pool.launched and pool.mode == "workers" and (self._auto or {}).get("num_workers")
                         and tuning["num_workers"] < running):
@@ -1286,7 +1291,8 @@ class _Pool:
         kept = None
         if self.auto is not None:
             kept = loader._tuner
-            self.tuner = loader._tuner = kept or Tuner(cpu=_cores(), warmup=RETUNE_EVERY)
+            self.tuner = loader._tuner = kept or Tuner(
+                cpu=_cores(), warmup=RETUNE_EVERY, workers=None if self.auto["num_workers"] else self.num_workers)
             if loader._iterable:
                 self.tuner.one_thread("an iterable dataset's worker reads its one iterator: 1 thread")
             if self.auto["num_workers"] and not self.timed:
@@ -1749,8 +1755,23 @@ class _Pool:
             return EARLY_START_S - ran
         return check
 
+    def _threads_to_start(self, busy: float, alone_s: float | None) -> None:
+        """The user's workers with fetch_threads="auto", about to start: where a probing
+        batch mostly waits (kept ``busy`` cores busy), they start with threads wide, as "auto"
+        workers do (2 workers, 5 ms a sample: 10 batches of one thread each came before the
+        tuner's first say, 1.25 s for 100 batches where 16 threads took 0.58)."""
+        if self.auto is None or not self.auto["fetch_threads"] or self.started:
+            return
+        threads = self._threads_for(busy, alone_s)
+        if threads != self.threads:
+            self.threads = threads
+            self.spec = dataclasses.replace(self.spec, fetch_threads=threads)
+            if self.tuner is not None:
+                self.tuner.threads_run = threads
+
     def _start_early(self, busy: float = 1.0) -> None:
         """A probing batch is slow: fork the workers now, while the main process finishes it."""
+        self._threads_to_start(busy, self.local_fetcher().alone_s)
         try:
             _ = self.executor
         except Exception:  # noqa: BLE001 - surfaces again, with its context, at the next dispatch
@@ -1832,6 +1853,8 @@ class _Pool:
             # clearly worth a worker (one batch can be slow because the machine is busy:
             # a moderately slow one must be seen twice), or only a worker makes it right
             self.mode = "workers"
+            if result.cpu is not None and cost > 0:
+                self._threads_to_start(result.cpu / cost, cost / max(1, result.samples))
         elif _probed_enough(costs):
             self.mode = "workers" if not copying and self.worth_workers(_estimate(costs), result.batch) else "inline"
         return result
@@ -1890,6 +1913,10 @@ class _Pool:
         workers = d.num_workers if auto.get("num_workers") else self.num_workers
         if auto.get("num_workers") and self.mode == "probe" and workers == 0:
             return  # the main-process probe decides that
+        if not auto.get("num_workers") and self.mode != "workers":
+            # the user's workers, kept back by ``adaptive`` while batches are cheaper made
+            # here: that choice stands (it takes them up when batches grow costly)
+            workers = 0
         if auto.get("num_workers") and self.started and workers < self.num_workers:
             workers = self.num_workers  # never stop workers mid-run: they cost nothing idle
         threads = (tuner.steer_threads(self.threads) if auto.get("fetch_threads") and not self.keeps_files()

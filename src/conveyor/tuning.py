@@ -448,8 +448,11 @@ class Tuner:
 
     def __init__(self, cpu: int | None = None, ram: int | None | str = "auto", *, target_wait: float = 0.05,
                  warmup: int = 8, patience: int = 3, settle_after: int = 48, max_threads: int = MAX_THREADS,
-                 start: Decision | None = None) -> None:
+                 start: Decision | None = None, workers: int | None = None) -> None:
         self.cpu = cpu if cpu is not None else cpu_budget()
+        # the user's own num_workers, where only the threads or prefetch are tuned: threads
+        # are sized for those workers, not for a count the tuner would pick
+        self.fixed_workers = workers
         if isinstance(ram, str) and ram != "auto":
             raise ValueError(f"ram must be a byte count, None or 'auto', but got ram={ram!r}")
         self._ram = ram  # "auto": read when a decision first needs it (~50 us cold; most never do)
@@ -652,20 +655,20 @@ class Tuner:
         cap_note = ""
         if kind == "CPU-bound":
             need = math.ceil(work * ratio * margin / step) if step > 0 else 10**6
-            workers = max(1, min(need, self.cpu))
+            workers = max(1, min(need, self.cpu)) if self.fixed_workers is None else self.fixed_workers
             threads = 1
-            if need > self.cpu:
+            if need > self.cpu and self.fixed_workers is None:
                 cap_note = f"; {need} would hide loading but the CPU budget is {self.cpu}"
             if lanes > workers and ratio < HALF_WAITING and self.max_threads > 1:
                 # a fetch that waits a good part of its time leaves its worker's core idle
                 # meanwhile: up to 1 / ratio threads fill it (2 ms of waiting and 2 of Python
                 # a sample read 52-56% and ran on 1 thread, at 0.6 of 4 threads' speed)
-                threads = min(self.max_threads, math.ceil(1 / ratio), math.ceil(lanes / workers))
+                threads = min(self.max_threads, math.ceil(1 / ratio), math.ceil(lanes / max(1, workers)))
                 cap_note += f"; each fetch waits {1 - ratio:.0%} of its time: {threads} threads a worker fill its core"
         else:
             cpu_need = math.ceil(work * ratio * margin / step) if step > 0 else self.cpu
-            workers = max(1, min(cpu_need, self.cpu))
-            threads = min(self.max_threads, max(1, math.ceil(lanes / workers)))
+            workers = max(1, min(cpu_need, self.cpu)) if self.fixed_workers is None else self.fixed_workers
+            threads = min(self.max_threads, max(1, math.ceil(lanes / max(1, workers))))
             # Fetches that take many times what one took alone crowd each other (for the GIL,
             # a core, a link): with ``now`` threads each took ``slower`` times as long, so about
             # now / slower of them, each as fast as alone, fetch as much. 2 ms of waiting and 1
@@ -713,7 +716,7 @@ class Tuner:
             if prefetch > 2 and workers * per_worker(prefetch) > self.ram:
                 prefetch = 2
             fit = int(self.ram // max(1.0, per_worker(prefetch)))
-            if fit < workers:
+            if fit < workers and self.fixed_workers is None:
                 if fit < 1:
                     prefetch = 1
                     fit = max(1, int(self.ram // max(1.0, per_worker(1))))
