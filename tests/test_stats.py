@@ -58,15 +58,15 @@ def test_report_bottleneck_names_the_worker_count() -> None:
 
 def test_report_bottleneck_beyond_the_cores_says_so() -> None:
     text = report(snap(run(1, batch_s=0.1, step_s=0.01), 1), cores=2)
-    assert "10 workers would hide it, but only 2 cores" in text
+    assert "10 workers would hide it, but this process may use only 2 cores: use num_workers=2" in text
 
 
 def test_report_never_suggests_fewer_workers_than_it_has() -> None:
-    # 2 workers on 2 cores (1 free for workers): more cores are not to be had; the advice is
-    # about the samples, not num_workers=1
+    # 2 workers on 1 core: more cores are not to be had; the advice is about the samples,
+    # not num_workers=1
     text = report(snap(run(2, batch_s=0.1, step_s=0.01), 2), cores=1)
-    assert ("10 workers would hide it, but 2 workers already use more than the 1 core free for workers "
-            "(one more is left to the training loop): make each sample cheaper") in text
+    assert ("10 workers would hide it, but 2 workers already use more than the 1 core this process may use: "
+            "make each sample cheaper") in text
     assert "num_workers=1" not in text
     # a loop that takes next to no time: no count of workers would "hide" loading
     text = report(snap(run(2, batch_s=0.1, step_s=0.00001), 2), cores=1)
@@ -152,6 +152,52 @@ def test_mostly_hidden_loading_is_not_told_to_take_more_workers_than_cores() -> 
         in report(snap, cores=8)
     said = report(snap, cores=3)
     assert said.startswith("loading is mostly hidden") and "would hide" not in said
+
+
+def test_report_counts_every_core_of_the_share_as_auto_does(monkeypatch: pytest.MonkeyPatch) -> None:
+    # "auto" starts a worker a core; report() left one to the training loop: auto's own 2
+    # workers on 2 cores, still starved, read "2 workers already use more than the 1 core ..."
+    import conveyor.report as rep
+
+    monkeypatch.setattr(rep, "cpu_share", lambda: 2)
+    text = report(snap(run(2, batch_s=0.1, step_s=0.01), 2))
+    assert "2 workers already use the 2 cores this process may use" in text and "more than" not in text
+
+
+def test_report_names_no_worker_where_the_training_processes_leave_no_core() -> None:
+    # 4 DDP ranks on 2 cores: "auto" starts no worker for batches that compute (one took the
+    # training loop's core); report() still said "4 workers would hide it"
+    shared = "4 training processes share this machine's 2 cores"
+    text = report(snap(run(0, batch_s=0.035, step_s=0.01), 0, shared_cores=shared), cores=1)
+    assert f"{shared}, which leaves no core for a worker that computes: make each sample cheaper" in text
+    assert "would hide" not in text
+    # ... fetches that wait still get their advice: they take no core
+    waits = snap(run(1, batch_s=0.035, step_s=0.01, cpu=0.001), 1, shared_cores=shared)
+    assert "fetch_threads=" in report(waits, cores=1)
+
+
+class _Computes:
+    """Samples of 2 ms of CPU work each."""
+
+    def __len__(self) -> int:
+        return 64
+
+    def __getitem__(self, i: int) -> list[int]:
+        end = time.thread_time() + 0.002
+        while time.thread_time() < end:
+            pass
+        return [i, i]
+
+
+def test_loader_report_names_the_ranks_that_share_the_cores(monkeypatch: pytest.MonkeyPatch) -> None:
+    # loader.report() tells report() what the launcher says: 4 ranks on 2 cores
+    monkeypatch.setattr(conveyor.loader, "_no_core_left", lambda: True)
+    monkeypatch.setattr(conveyor.loader, "_ranks_words", lambda: "4 training processes share this machine's 2 cores")
+    with conveyor.DataLoader(_Computes(), batch_size=8, output="numpy") as loader:
+        for _ in loader:
+            time.sleep(0.001)  # a step of 1 ms against batches of 16 ms made here
+        text = loader.report()
+    assert "4 training processes share this machine's 2 cores, which leaves no core" in text, text
 
 
 def test_the_clocks_start_at_the_first_iter_not_when_the_loader_is_made() -> None:

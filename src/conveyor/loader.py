@@ -799,7 +799,10 @@ class DataLoader(Generic[T]):
         """One sentence on where the time goes and what to change."""
         from .report import report
 
-        return report(self.stats())
+        snap = self.stats()
+        if _no_core_left():
+            snap["shared_cores"] = _ranks_words()  # (read here, not with every stats(): the cgroup's files)
+        return report(snap)
 
     # -- checkpointing ------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from .stats import INLINE, LOOP, Stats, _stats_of
-from .tuning import cpu_budget
+from .tuning import cpu_share
 
 __all__ = ["plot_sweep", "plot_timeline", "report", "workers_needed"]
 
@@ -146,8 +146,9 @@ def _pct(x: float) -> str:
 def report(snap: dict[str, Any], cores: int | None = None) -> str:
     """A sentence (or a few) saying whether loading stalls training, and what to change.
 
-    ``snap`` is ``loader.stats()``; ``cores`` the CPU budget (default: the
-    cores this process may use, less one for the training loop).
+    ``snap`` is ``loader.stats()``; ``cores`` the CPU budget (default: the cores this
+    process may use, its share where training processes share them: the budget
+    ``num_workers="auto"`` fills, one worker a core).
 
     >>> report({"batches": 100, "steps": 99, "wait_fraction": 0.63, "step_per_batch_s": 0.01,
     ...         "num_workers": 1, "workers": {0: {"batches": 100, "busy_s": 3.5}}}, cores=8)
@@ -155,7 +156,7 @@ def report(snap: dict[str, Any], cores: int | None = None) -> str:
     """
     if not snap.get("batches"):
         return "no batches yet: iterate the loader, then ask again."
-    cores = cores if cores is not None else cpu_budget()
+    cores = cores if cores is not None else cpu_share()
     wf = float(snap.get("wait_fraction", 0.0))
     nw = _n_workers(snap)
     need = workers_needed(snap)
@@ -210,18 +211,21 @@ def report(snap: dict[str, Any], cores: int | None = None) -> str:
                 advice = f"fetch_threads=64 with num_workers={math.ceil(lanes / 64)}"
             parts.append(f"{head}; fetches mostly wait on storage (CPU {_pct(ratio or 0)} of their time): "
                          f"{advice} would hide it")
+        elif need > nw and snap.get("shared_cores") and not io_bound:
+            # the training processes of this machine leave none of its cores to a worker
+            # ("auto" starts none for batches that compute): one would only slow the loop
+            parts.append(f"{head}; {snap['shared_cores']}, which leaves no core for a worker that computes: "
+                         f"{cheaper}, or run fewer training processes on this machine")
         elif need > nw:
             if need <= cores:
                 parts.append(f"{head}; {_workers(need)} would hide it")
             elif nw >= cores:
                 parts.append(f"{head}; {_workers(need)} would hide it, but {_workers(nw)} already "
                              f"{'uses' if nw == 1 else 'use'} {'more than ' if nw > cores else ''}the "
-                             f"{_cores(cores)} free for workers (one more is left to the training loop): "
-                             f"{cheaper}{storage}")
+                             f"{_cores(cores)} this process may use: {cheaper}{storage}")
             else:
-                parts.append(f"{head}; {_workers(need)} would hide it, but only {_cores(cores)} free for "
-                             f"workers (one more is left to the training loop): use num_workers={cores}, "
-                             f"and {cheaper}{storage}")
+                parts.append(f"{head}; {_workers(need)} would hide it, but this process may use only "
+                             f"{_cores(cores)}: use num_workers={cores}, and {cheaper}{storage}")
         else:
             parts.append(f"{head}, though {_workers(nw)} should keep up (each batch takes "
                          f"{mean * 1e3:.1f} ms, a step {float(snap.get('step_per_batch_s') or 0) * 1e3:.1f} ms): "
@@ -233,7 +237,7 @@ def report(snap: dict[str, Any], cores: int | None = None) -> str:
             # than the cores free for them (3 workers on 3 cores were told "4 would hide the rest")
             if io_bound and threadable:
                 extra = "; more fetch_threads would hide the rest"
-            elif need <= cores and not io_bound:
+            elif need <= cores and not io_bound and not snap.get("shared_cores"):
                 extra = f"; {_workers(need)} would hide the rest"
         parts.append(f"loading is mostly hidden: the consumer waited {_pct(wf)} of the time{extra}")
     else:
