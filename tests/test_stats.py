@@ -200,6 +200,24 @@ def test_loader_report_names_the_ranks_that_share_the_cores(monkeypatch: pytest.
     assert "4 training processes share this machine's 2 cores, which leaves no core" in text, text
 
 
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("num_workers", [0, 1])
+def test_epochs_of_one_batch_are_not_read_as_a_loop_that_takes_no_time(num_workers: int) -> None:
+    # a validation set smaller than a batch: no step between two batches is ever timed, the
+    # wait was all of the time measured, and report() said "100% of each step is spent
+    # waiting; the training loop takes (almost) no time between batches"
+    with conveyor.DataLoader(_Computes(), batch_size=64, num_workers=num_workers, output="numpy") as loader:
+        for _ in range(3):
+            for _ in loader:
+                time.sleep(0.01)
+        stats, text = loader.stats(), loader.report()
+    assert stats["batches"] == 3 and stats["steps"] == 0
+    assert text.startswith("each epoch handed out one batch (3 so far), so no training step between batches was "
+                           "timed: a batch took"), text
+    assert "no time" not in text and "spent waiting" not in text
+    assert ("persistent_workers=True" in text) == (stats["num_workers"] > 0)  # (adaptive may keep them back)
+
+
 def test_the_clocks_start_at_the_first_iter_not_when_the_loader_is_made() -> None:
     # the model built between the two (seconds) read as the workers' start-up in report()
     loader = conveyor.DataLoader(list(range(8)), batch_size=4, output="numpy")

@@ -173,7 +173,15 @@ def report(snap: dict[str, Any], cores: int | None = None) -> str:
     parts: list[str] = []
 
     not_started = snap.get("workers_not_started")
-    if not_started and wf >= HIDDEN:
+    if snap.get("steps") == 0:
+        # epochs of one batch (a small validation set): no step between two batches was
+        # timed, and the wait is all of the measured time (it read "100% of each step is
+        # spent waiting; the training loop takes (almost) no time")
+        parts.append(f"each epoch handed out one batch ({snap['batches']} so far), so no training step "
+                     "between batches was timed" + (f": a batch took {mean * 1e3:.1f} ms to make" if mean > 0 else "")
+                     + "; the loop waits for an epoch's first batch" + ("" if nw == 0 or snap.get("persistent_workers") else
+                                                 ", and persistent_workers=True starts the workers once"))
+    elif not_started and wf >= HIDDEN:
         # adaptive kept the batches here (``_Pool._start_outweighs``): more workers is no advice
         parts.append(f"the main process makes the batches ({_pct(wf)} of the time is spent waiting): "
                      f"{not_started}; persistent_workers=True would start them once, for every epoch")
