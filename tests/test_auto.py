@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import pytest
@@ -864,6 +865,62 @@ def test_fixed_workers_with_auto_threads_start_wide_for_batches_that_wait() -> N
     assert started[0] == 2 and started[1] > 1, started
     got = np.concatenate([first, rest])[:, 0]
     assert (got == np.arange(len(Waits()))).all()  # the same batches, in order
+
+
+class KeepsFile:
+    """Samples read from a file the dataset opens on first use and keeps open; each waits 4 ms."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.handle: Any = None
+
+    def __len__(self) -> int:
+        return 16 * 24
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        if self.handle is None:
+            self.handle = open(self.path, "rb")  # noqa: SIM115 - kept open, as h5py or lmdb keep theirs
+        time.sleep(0.004)
+        return np.full(2, i, dtype=np.int64)
+
+
+@pytest.mark.timeout(60)
+def test_a_dataset_keeping_files_open_gets_one_thread_and_workers_advised(tmp_path: Any) -> None:
+    # the threads of a worker would share the handle: "auto" keeps one, and report() advised
+    # fetch_threads all the same
+    path = tmp_path / "data.bin"
+    path.write_bytes(b"x" * 64)
+    dataset = KeepsFile(str(path))
+    try:
+        with DataLoader(dataset, batch_size=16, num_workers="auto", output="numpy") as loader:
+            for _ in loader:
+                time.sleep(0.01)
+            said, text = loader.tuning(), loader.report()
+    finally:
+        if dataset.handle is not None:
+            dataset.handle.close()
+    assert said is not None and said["fetch_threads"] == 1, said
+    assert "fetch_threads=" not in text.replace("then use fetch_threads", ""), text
+
+
+@pytest.mark.timeout(60)
+def test_files_opened_after_threads_rose_bring_them_back_to_one(tmp_path: Any) -> None:
+    # the census turned true after the threads were raised: retune stopped steering them and
+    # left 64 running on the shared handles, and tuning() said to pin 64
+    with DataLoader(Waits(), batch_size=16, num_workers="auto", output="numpy") as loader:
+        it = iter(loader)
+        for _ in range(4):
+            next(it)
+        pool = loader._last_pool
+        assert pool is not None and pool.launched and pool.threads > 1, (pool.threads, pool.mode)
+        handle = open(tmp_path / "late.bin", "wb")  # noqa: SIM115 - a file the "dataset" opened late
+        try:
+            got = np.concatenate([np.concatenate(list(it))])
+            threads, said = pool.threads, loader.tuning()
+        finally:
+            handle.close()
+    assert len(got) == len(Waits()) - 4 * 16
+    assert threads == 1 and said is not None and said["fetch_threads"] == 1, (threads, said)
 
 
 def _epochs(loader: DataLoader, n: int) -> tuple[list[np.ndarray], list[bool]]:

@@ -743,12 +743,14 @@ class DataLoader(Generic[T]):
         snap["batch_getitems"] = self._auto_collation and not self._iterable and fetches_batches(self.dataset)
         snap["in_order"] = self.in_order
         snap["persistent_workers"] = self.persistent_workers
+        snap["keeps_files"] = False  # (report: fetch threads of a worker would share its open files)
         if pool is not None:
             # workers that started count, also while the pool still probes (a short epoch of
             # thread workers read as num_workers=0, and report() advised what was set already)
             snap["num_workers"] = pool.num_workers if pool.mode == "workers" or pool.launched else 0
             snap["fetch_threads"] = pool.threads
             snap["prefetch_factor"] = pool.prefetch if pool.num_workers else None
+            snap["keeps_files"] = pool._keeps_files
             cost = pool.findings.batch_s
             if not pool.launched and pool.mode == "inline" and pool._start_outweighs(cost):
                 assert cost is not None
@@ -1922,8 +1924,11 @@ class _Pool:
             workers = 0
         if auto.get("num_workers") and self.started and workers < self.num_workers:
             workers = self.num_workers  # never stop workers mid-run: they cost nothing idle
-        threads = (tuner.steer_threads(self.threads) if auto.get("fetch_threads") and not self.keeps_files()
-                   else self.threads)
+        threads = self.threads
+        if auto.get("fetch_threads"):
+            # a dataset seen keeping files open after threads were raised gets one thread again:
+            # threads of a worker would share the handle (64 ran on it, tuning() said 64)
+            threads = 1 if self.keeps_files() else tuner.steer_threads(self.threads)
         prefetch = (d.prefetch_factor or 2) if auto.get("prefetch_factor") else self.prefetch
         self.apply(workers, threads, prefetch)
         tuner.threads_run = self.threads

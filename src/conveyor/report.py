@@ -203,6 +203,12 @@ def report(snap: dict[str, Any], cores: int | None = None) -> str:
             parts.append(f"{head}; fetches mostly wait on storage (CPU {_pct(ratio or 0)} of their time): an "
                          f"IterableDataset's worker reads one item at a time, so num_workers={min(need, 64)}, each "
                          "reading its shard, would hide it (or let the stream read ahead itself)")
+        elif io_bound and need > nw and snap.get("keeps_files") and threads == 1:
+            # the dataset keeps files open: a worker's fetch threads would share each handle
+            # (a seek in one moves the others' reads), so "auto" keeps one thread
+            parts.append(f"{head}; fetches mostly wait on storage (CPU {_pct(ratio or 0)} of their time), but the "
+                         f"dataset keeps files open, which a worker's fetch threads would share: num_workers="
+                         f"{min(need, 64)} would hide it (or open a handle per thread, then use fetch_threads)")
         elif io_bound and need > nw and snap.get("batch_getitems"):
             # nor can fetch threads split a batch the dataset makes in one call (refused too)
             parts.append(f"{head}; fetches mostly wait on storage (CPU {_pct(ratio or 0)} of their time): the "
