@@ -218,6 +218,24 @@ def test_epochs_of_one_batch_are_not_read_as_a_loop_that_takes_no_time(num_worke
     assert ("persistent_workers=True" in text) == (stats["num_workers"] > 0)  # (adaptive may keep them back)
 
 
+def test_a_worker_added_mid_run_is_busy_for_the_time_it_lived_not_called_uneven() -> None:
+    # worker 1 joined for the last 4 s of 10, as busy as worker 0 (80%): over the whole run it
+    # read 32%, and report() said "the work is uneven ...; even it out" before any other advice
+    now = time.perf_counter()
+    st = Stats(started=now - 10.0)
+    for k in range(100):  # worker 0: 100 batches of 80 ms, one each 100 ms
+        st.result(0, now - 10.0 + k * 0.1, 0.0, now - 10.0 + k * 0.1 + 0.08)
+    for k in range(40):  # worker 1: the last 4 s, the same
+        st.result(1, now - 4.0 + k * 0.1, 0.0, now - 4.0 + k * 0.1 + 0.08)
+    workers = st.snapshot()["workers"]
+    assert workers[0]["busy_fraction"] == pytest.approx(0.8, abs=0.02)
+    assert workers[1]["busy_fraction"] == pytest.approx(0.8, abs=0.02)
+    # ... where a worker that lived the whole run and made half as much is still uneven
+    st.result(2, now - 10.0, 0.0, now - 6.0)
+    said = report({**st.snapshot(), "batches": 141, "num_workers": 3, "steps": 99, "wait_fraction": 0.5, "step_per_batch_s": 0.01})
+    assert "the work is uneven: worker 0 was busy 80% of the time, worker 2 40%" in said, said
+
+
 def test_the_clocks_start_at_the_first_iter_not_when_the_loader_is_made() -> None:
     # the model built between the two (seconds) read as the workers' start-up in report()
     loader = conveyor.DataLoader(list(range(8)), batch_size=4, output="numpy")

@@ -94,6 +94,7 @@ class WorkerTimes:
     rss: int = 0  # the worker's last reported resident set size, bytes (0: unknown)
     work_s: float = 0.0  # lane-seconds of fetches the fetch threads timed ...
     work_batches: int = 0  # ... over this many batches (the rest: busy time alone says)
+    since: float | None = None  # when its first batch began: a worker started mid-run lived less
 
 
 @dataclass
@@ -194,6 +195,8 @@ class Stats:
         if wt is None:
             wt = self.workers[worker] = WorkerTimes()
         wt.batches += batches  # (more than one: a gather of many batches at once)
+        if wt.since is None:
+            wt.since = start
         if fetched:
             wt.fetch_s += fetched - start
             wt.collate_s += end - fetched
@@ -288,7 +291,8 @@ class Stats:
     def snapshot(self) -> dict[str, Any]:
         """Plain numbers (JSON-able): what ``loader.stats()`` returns, before the loader's settings."""
         self.flush()
-        elapsed = max(1e-9, time.perf_counter() - self.started)
+        now = time.perf_counter()
+        elapsed = max(1e-9, now - self.started)
         total = self.wait_s + self.step_s
         workers: dict[int, dict[str, Any]] = {}
         for w, t in sorted(self.workers.items()):
@@ -303,7 +307,9 @@ class Stats:
                 "core_s": t.core_s if t.cpu_wall_s else None,
                 "work_s": t.work_s if t.work_batches else None,
                 "work_batches": t.work_batches,
-                "busy_fraction": min(1.0, t.busy_s / elapsed),
+                # of the time since its first batch began (or the clocks started): a worker
+                # the tuner added late read as idle, and report() blamed the data ("uneven")
+                "busy_fraction": min(1.0, t.busy_s / max(1e-9, now - max(self.started, t.since or 0.0))),
                 "rss": t.rss or None,
             }
         return {
