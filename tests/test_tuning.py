@@ -155,6 +155,18 @@ def test_memory_limits_the_worker_count() -> None:
     assert "memory allows 2" in limited.reason
 
 
+def test_threads_raised_for_fewer_workers_that_fit_in_memory_still_fit() -> None:
+    # I/O-bound, 4 workers of 9 threads, 1 GiB each plus batches of 100 MiB, a 3 GiB budget:
+    # memory fits 2, whose threads doubled to 18 hold more batches: 3.2 GiB went unchecked
+    t = Tuner(cpu=4, ram=3 * GiB)
+    t._rss, t._batch_bytes = GiB, 100 * 2**20
+    d = t._choose({"busy": 0.1, "work": 0.8, "cpu": 0.2, "step": 0.025, "std": 0.0, "each": None, "use": None,
+                   "samples": 32})
+    each = GiB + (d.prefetch_factor or 2) * 100 * 2**20 * (d.fetch_threads // 8 + 1)
+    assert d.fetch_threads > 9 and d.num_workers * each <= 3 * GiB, d
+    assert f"memory allows {d.num_workers} (each worker ~{each / 2**20:.0f} MiB" in d.reason, d
+
+
 def test_without_cpu_times_a_probe_tells_io_from_cpu() -> None:
     io, _ = tune(Workload(cpu=0.001, io=0.05, step=0.01, cores=2, report_cpu=False))
     assert io.fetch_threads > 1 and io.num_workers <= 2

@@ -720,10 +720,13 @@ class Tuner:
                 if fit < 1:
                     prefetch = 1
                     fit = max(1, int(self.ram // max(1.0, per_worker(1))))
-                mem_note = (f"; memory allows {fit} (each worker ~{per_worker(prefetch) / 2**20:.0f} MiB, "
-                            f"budget {self.ram / 2**20:.0f} MiB)")
                 if kind == "I/O-bound" and fit < workers:
                     threads = min(self.max_threads, math.ceil(workers * threads / fit))
+                    # more threads hold more batches (per_worker grows with them): fit again
+                    # (4 workers of 9 threads, fit 2, raised to 18: 3.2 GB on a budget of 3)
+                    fit = max(1, int(self.ram // max(1.0, per_worker(prefetch))))
+                mem_note = (f"; memory allows {fit} (each worker ~{per_worker(prefetch) / 2**20:.0f} MiB, "
+                            f"budget {self.ram / 2**20:.0f} MiB)")
                 workers = min(workers, fit)
         reason = (f"{kind} ({ratio_txt}): a batch takes {work * 1e3:.1f} ms of fetching, "
                   f"the loop {step * 1e3:.1f} ms per batch{cap_note}{mem_note}")
