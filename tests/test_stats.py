@@ -236,6 +236,19 @@ def test_a_worker_added_mid_run_is_busy_for_the_time_it_lived_not_called_uneven(
     assert "the work is uneven: worker 0 was busy 80% of the time, worker 2 40%" in said, said
 
 
+def test_the_workers_needed_leave_out_the_main_process_probing_batches() -> None:
+    # 2 probing batches made here at 300 ms (first calls' costs) beside 40 of 30 ms made by
+    # 2 workers, a 10 ms step: 3 workers keep up; the probe made it "5 workers would hide it"
+    snap = {"batches": 42, "steps": 41, "wait_fraction": 0.3, "step_per_batch_s": 0.01, "num_workers": 2,
+            "fetch_threads": 1, "workers": {-1: {"batches": 2, "busy_s": 0.6},
+                                            0: {"batches": 20, "busy_s": 0.6}, 1: {"batches": 20, "busy_s": 0.6}}}
+    assert workers_needed(snap) == 3
+    assert "3 workers would hide it" in report(snap, cores=8)
+    # ... and without workers, the main process's batches are all there is
+    alone = {**snap, "num_workers": 0, "workers": {-1: {"batches": 42, "busy_s": 1.26}}}
+    assert workers_needed(alone) == 3
+
+
 def test_the_clocks_start_at_the_first_iter_not_when_the_loader_is_made() -> None:
     # the model built between the two (seconds) read as the workers' start-up in report()
     loader = conveyor.DataLoader(list(range(8)), batch_size=4, output="numpy")

@@ -40,10 +40,15 @@ def _mean_batch(snap: dict[str, Any]) -> tuple[float, float | None]:
 
 
 def _per_batch(snap: dict[str, Any]) -> tuple[float, float | None]:
-    """A worker's mean wall and CPU seconds per batch (CPU: None where not reported)."""
+    """A worker's mean wall and CPU seconds per batch (CPU: None where not reported). Where
+    workers made batches, the main process's (probing batches, paying first calls' costs,
+    made with other threads) are left out: they made a short run's "N workers" larger."""
     n = busy = cpu = 0.0
     cpu_n = 0
-    for w in snap.get("workers", {}).values():
+    made = snap.get("workers", {})
+    if any(int(k) >= 0 and w.get("batches") for k, w in made.items()):
+        made = {k: w for k, w in made.items() if int(k) >= 0}
+    for w in made.values():
         n += w.get("batches", 0)
         busy += w.get("busy_s", 0.0)
         if w.get("cpu_s") is not None:
