@@ -923,6 +923,32 @@ def test_files_opened_after_threads_rose_bring_them_back_to_one(tmp_path: Any) -
     assert threads == 1 and said is not None and said["fetch_threads"] == 1, (threads, said)
 
 
+class ShortEpoch:
+    """24 samples of 2 ms of CPU work each."""
+
+    def __len__(self) -> int:
+        return 24
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        end = time.thread_time() + 0.002
+        while time.thread_time() < end:
+            pass
+        return np.full(2, i)
+
+
+@pytest.mark.timeout(60)
+def test_epochs_of_fewer_batches_than_a_window_still_feed_the_tuner() -> None:
+    # the tuner was fed every 4th batch of an epoch: epochs of 3 never fed it, and tuning()
+    # said "not measured yet" after 12 epochs (with prefetch_factor=None beside 2 workers)
+    with DataLoader(ShortEpoch(), batch_size=8, num_workers="auto", persistent_workers=True, output="numpy") as loader:
+        for _ in range(12):
+            for _ in loader:
+                time.sleep(0.005)
+        said = loader.tuning()
+    assert said is not None and said["reason"] != "not measured yet" and not said["reason"].startswith("measuring")
+    assert said["num_workers"] >= 1 and said["prefetch_factor"] is not None, said
+
+
 def _epochs(loader: DataLoader, n: int) -> tuple[list[np.ndarray], list[bool]]:
     """``n`` epochs' batches, each epoch's concatenated, and whether each started workers."""
     epochs, started = [], []

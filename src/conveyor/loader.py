@@ -783,7 +783,7 @@ class DataLoader(Generic[T]):
                     # workers are not stopped mid-run: those that run are what to pin (the
                     # tuner's smaller count, pinned, ran 1.81 s where what ran took 1.28 s)
                     wish, tuning["num_workers"] = tuning["num_workers"], running
-                    if tuning.get("reason"):
+                    if tuning.get("reason") and not pool.tuner.measuring:
                         # the reason argues for the wish (it read "memory allows 1" beside 2)
                         tuning["reason"] += (f"; {running} workers run, not {wish}: workers that started "
                                              "are kept to the end of the run")
@@ -2223,7 +2223,9 @@ class _Run(Generic[T]):
         if self.len_said is not None and self.yielded > self.len_said:
             self._warn_len()
         self.stats.handed(asked, time.perf_counter(), size, len(self.reorder))
-        if self.pool.tuner is not None and self.yielded % RETUNE_EVERY == 0 and self.pool.tuning():
+        # every RETUNE_EVERY batches the loader handed out, across epochs: counted per epoch,
+        # epochs of under 4 batches never fed the tuner ("not measured yet" for good)
+        if self.pool.tuner is not None and self.stats.batches % RETUNE_EVERY == 0 and self.pool.tuning():
             self.pool.retune(self.loader.stats())
         return batch
 
