@@ -779,3 +779,37 @@ def _workers() -> list[Any]:
     import psutil
 
     return [psutil.Process(pid) for pid in children()]
+
+
+@pytest.mark.timeout(60)
+def test_thread_workers_closed_from_one_of_their_own_threads() -> None:
+    # a dropped loader in a reference cycle is collected wherever a collection sets off,
+    # often in one of its own worker threads allocating a batch: close() joined that thread
+    # itself, and the RuntimeError cut the rest of closing short (the rng lock left held)
+    import threading
+
+    called: list[BaseException | None] = []
+    loader = conveyor.DataLoader(list(range(64)), batch_size=2, num_workers=2, worker_type="thread",
+                                 adaptive=False, output="numpy")
+    before = threading.active_count()
+    it = iter(loader)
+    next(it)
+    pool = loader._last_pool
+    assert pool is not None
+    executor = pool.executor
+
+    def collect() -> None:  # what the finalizer runs, on a thread of the executor's own
+        try:
+            executor.close()
+            called.append(None)
+        except BaseException as e:  # noqa: BLE001 - what the test looks for
+            called.append(e)
+
+    own = threading.Thread(target=collect, name="conveyor-worker-collecting")
+    executor.threads.append(own)
+    own.start()
+    own.join(30)
+    assert called == [None], called
+    del it
+    loader.close()
+    assert wait_until(lambda: threading.active_count() <= before, 10), threading.enumerate()

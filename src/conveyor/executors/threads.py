@@ -240,11 +240,16 @@ class ThreadExecutor:
         for q in self.queues:
             q.put(_STOP)
         deadline = time.monotonic() + timeout  # one wait for all: 4 stuck threads took 20 s
+        me = threading.current_thread()
         for w, t in enumerate(self.threads):
+            if t is me:
+                # closed from one of its own threads (a collection of a dropped loader, set off
+                # by a batch this thread allocates): it ends at its _STOP, after this returns
+                continue
             # a thread cannot be killed: one a timeout found stuck (a read that never returns)
             # would only hold closing up, ~5 s after the timeout error (it ends with its batch)
             t.join(0.0 if w in self.hung else max(0.0, deadline - time.monotonic()))
-        stuck = [w for w, t in enumerate(self.threads) if t.is_alive()]
+        stuck = [w for w, t in enumerate(self.threads) if t.is_alive() and t is not me]
         if stuck:
             rng_lock.abandon(self._idents(stuck))
 
