@@ -105,6 +105,30 @@ def test_pool_grows_and_shrinks() -> None:
 
 
 @pytest.mark.timeout(60)
+def test_a_worker_that_fails_to_fork_is_not_left_counted(monkeypatch: pytest.MonkeyPatch) -> None:
+    # grow() counted the new worker before forking it: a fork refused (EAGAIN under memory
+    # pressure, where "auto" grows) left a phantom worker that the next submit asserted on
+    import errno
+
+    with conveyor.DataLoader(list(range(64)), batch_size=4, num_workers=1, worker_type="process",
+                             adaptive=False, persistent_workers=True, output="numpy") as loader:
+        it = iter(loader)
+        first = [next(it) for _ in range(2)]
+        executor = loader._last_pool.executor
+
+        def refused(w: int) -> Any:
+            raise OSError(errno.EAGAIN, "Resource temporarily unavailable")
+
+        monkeypatch.setattr(executor, "_spawn", refused)
+        with pytest.raises(OSError):
+            executor.grow(2)
+        monkeypatch.undo()
+        assert executor.num_workers == len(executor.workers) == len(executor.ledger.held) == 1
+        rest = list(it)
+    assert np.array_equal(np.concatenate(first + rest), np.arange(64))
+
+
+@pytest.mark.timeout(60)
 def test_batches_larger_than_the_first() -> None:
     ds = Images(40, side=16, variable=True)  # sides 16, 32, ... 80: each batch outgrows the last
     with conveyor.DataLoader(ds, batch_size=8, **PROCESS) as loader:

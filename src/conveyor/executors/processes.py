@@ -447,7 +447,14 @@ class ProcessExecutor:
             self.gens.append(0)
             self.ledger.held.append({})
             self.num_workers += 1
-            self.workers[w] = self._spawn(w)
+            try:
+                self.workers[w] = self._spawn(w)
+            except BaseException:
+                # the fork failed (EAGAIN, ENOMEM, EMFILE: the pressure "auto" grows under):
+                # no phantom worker is left counted, which the next submit would trip over
+                self.num_workers -= 1
+                del self.workers[w], self.gens[w], self.ledger.held[w]
+                raise
             self._watch(w, self.workers[w])
 
     def set_rng(self, worker: int, state: Any) -> None:
