@@ -88,6 +88,49 @@ def test_a_message_larger_than_the_pipe_arrives_over_several_reads() -> None:
     reader.close(), writer.close()
 
 
+@pytest.mark.parametrize("bell", [False, True])
+def test_a_ctrl_c_in_the_middle_of_a_message_is_raised_once_it_is_all_out(
+        monkeypatch: pytest.MonkeyPatch, bell: bool) -> None:
+    # a KeyboardInterrupt between two pieces of a large order left half a frame in the pipe:
+    # the worker read the orders after it (the stop, the next epoch's) as its rest
+    import conveyor.executors.task as task
+    from conveyor.executors.task import Doorbell
+
+    reader, writer = _pipe()
+    inbox = Inbox(reader)
+    ring = Doorbell.make() if bell else None
+    writes = []
+    real = os.write
+
+    def write(fd: int, data: Any) -> int:
+        writes.append(len(data))
+        if len(writes) == (2 if bell else 1):  # (without a bell, one write takes it all)
+            raise KeyboardInterrupt  # what os.write raises when a Ctrl-C comes as it waits
+        return real(fd, data)
+
+    monkeypatch.setattr(task.os, "write", write)
+    big = Order(tasks=(), freed=tuple(range(30000)))  # ~150 KB: several writes
+    got: list[Any] = []
+    reading = threading.Thread(target=lambda: got.extend(_take_all(inbox, reader, 2)))
+    reading.start()
+    with pytest.raises(KeyboardInterrupt):
+        send(writer, big, ring)
+    send(writer, Order(tasks=(), freed=(7,)), ring)  # the next order, after it
+    reading.join(10)
+    assert got == [big, Order(tasks=(), freed=(7,))]
+    assert len(writes) >= (3 if bell else 2)
+    reader.close(), writer.close()
+    if ring is not None:
+        ring.close()
+
+
+def _take_all(inbox: Inbox, reader: Any, n: int) -> list[Any]:
+    out: list[Any] = []
+    while len(out) < n and reader.poll(10):
+        out.extend(inbox.take())
+    return out
+
+
 def test_end_of_pipe_sets_eof_and_drops_a_cut_message() -> None:
     reader, writer = _pipe()
     inbox = Inbox(reader)

@@ -165,20 +165,26 @@ def send(conn: Any, msg: Any, bell: Doorbell | None = None, full: Callable[[], N
 
 
 def _write(fd: int, view: memoryview, bell: Doorbell | None, full: Callable[[], None] | None) -> None:
-    if full is not None:
-        while view:
-            try:
-                view = view[os.write(fd, view):]
-            except BlockingIOError:
-                full()
-        return
-    if bell is None:
-        while view:
-            view = view[os.write(fd, view):]
-        return
+    """Write the whole frame. A Ctrl-C in the middle is raised once the frame is out: a frame
+    cut short leaves the worker reading the next orders (the stop, the next epoch's tasks)
+    as its rest, and a persistent worker waits for bytes that never come or fails to unpickle."""
+    stop: BaseException | None = None
     while view:
-        view = view[os.write(fd, view[:PIECE]):]
-        bell.ring()
+        try:
+            if full is not None:
+                try:
+                    view = view[os.write(fd, view):]
+                except BlockingIOError:
+                    full()
+            elif bell is None:
+                view = view[os.write(fd, view):]
+            else:
+                view = view[os.write(fd, view[:PIECE]):]
+                bell.ring()
+        except KeyboardInterrupt as e:  # (raised by os.write's retry on EINTR, nothing written)
+            stop = stop or e
+    if stop is not None:
+        raise stop
 
 
 # (no SIGPIPE on Windows; no sigtimedwait to take a raised one on macOS)
