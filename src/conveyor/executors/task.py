@@ -183,6 +183,10 @@ def _write(fd: int, view: memoryview, bell: Doorbell | None, full: Callable[[], 
                 bell.ring()
         except KeyboardInterrupt as e:  # (raised by os.write's retry on EINTR, nothing written)
             stop = stop or e
+        except OSError:
+            if stop is not None:  # the worker is gone meanwhile: the Ctrl-C is what the caller must see
+                raise stop from None
+            raise
     if stop is not None:
         raise stop
 
