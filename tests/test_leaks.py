@@ -605,6 +605,45 @@ def test_a_close_cut_short_by_ctrl_c_is_finished_by_the_next(monkeypatch: pytest
     assert gc.get_freeze_count() == 0
 
 
+@pytest.mark.timeout(60)
+def test_a_close_cut_short_in_a_finalizer_is_finished_by_the_next_loader(monkeypatch: pytest.MonkeyPatch) -> None:
+    # a Ctrl-C while the close a finalizer runs (a broken-off epoch, a collected loader)
+    # waited for a worker: a finalizer runs once, so the workers, slots and gc freeze stayed
+    # for the rest of the process (a notebook interrupted, then run again)
+    import multiprocessing.process as mpp
+
+    join = mpp.BaseProcess.join
+    calls = []
+
+    def interrupted(self: Any, timeout: float | None = None) -> None:
+        if not calls:
+            calls.append(1)
+            raise KeyboardInterrupt
+        join(self, timeout)
+
+    loader = conveyor.DataLoader(Squares(), batch_size=2, num_workers=2, persistent_workers=True, **WORKERS)
+    assert len(list(loader)) == len(loader)
+    pool = loader._persistent
+    assert pool is not None
+    loader._persistent = None  # dropped: its finalizer is what closes it now
+    executor = pool._closers[0]
+    prefix = os.path.basename(executor.prefix)
+    monkeypatch.setattr(mpp.BaseProcess, "join", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        pool._finalizer()
+    monkeypatch.undo()
+    assert not pool._finalizer.alive  # it runs no more
+    del pool, executor
+    left = {e for e in shm_entries() if e.startswith(prefix)}
+    assert left, f"nothing of {prefix} was left to finish: {shm_entries()}"
+    again = conveyor.DataLoader(Squares(), batch_size=2, num_workers=0)
+    assert len(list(again)) == len(again)
+    again.close()
+    assert wait_until(lambda: not children(), 10), f"workers left: {children()}"
+    assert gc.get_freeze_count() == 0
+    assert not {e for e in shm_entries() if e in left}, left
+
+
 def test_running_out_of_file_descriptors_says_what_holds_them(monkeypatch: pytest.MonkeyPatch) -> None:
     # each held batch from a process worker maps a segment, and Python's mmap keeps a
     # descriptor per mapping: past the limit the error was a bare 'Too many open files'

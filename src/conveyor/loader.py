@@ -38,7 +38,7 @@ from .distributed import ShardedIterable, rank_and_world
 from .errors import Failure, capture, rebuild
 from .executors import inherit
 from .executors.inline import InlineExecutor
-from .executors.processes import ProcessExecutor
+from .executors.processes import ProcessExecutor, finish_cut_short
 from .executors.recovery import Recovery
 from .executors.reorder import Reorder
 from .executors.sched import runqueue_wait as _runqueue_wait
@@ -993,6 +993,7 @@ class DataLoader(Generic[T]):
             self._inline.close()
             self._inline = None
         self._recycler.clear()
+        finish_cut_short()  # closes a Ctrl-C cut short in a finalizer, this loader's or another's
 
     def __enter__(self) -> DataLoader[T]:
         return self
@@ -1970,9 +1971,17 @@ class _Pool:
 
 
 def _close_all(closers: list[Any]) -> None:
+    # each is closed, though one is cut short (a Ctrl-C as it waits for its workers): the
+    # finalizer that calls this runs once
+    stop: BaseException | None = None
     for ex in closers:
-        ex.close()
+        try:
+            ex.close()
+        except BaseException as e:  # noqa: BLE001 - raised once the others are closed
+            stop = stop or e
     closers.clear()
+    if stop is not None:
+        raise stop
 
 
 class _Run(Generic[T]):

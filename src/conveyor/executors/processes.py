@@ -177,6 +177,7 @@ class ProcessExecutor:
         # descriptors of files the main process opened through the dataset, to be made private
         # to each forked worker (inherit.py); asked at each fork, as more may have been opened
         self._private_files = private_files
+        finish_cut_short()
         self.num_workers = num_workers
         self.ledger = Ledger(num_workers)
         self.prefix = transport.new_prefix() if transport.available() else ""
@@ -677,8 +678,16 @@ class ProcessExecutor:
             self._in_close = True
             try:
                 self._close()
+            except BaseException:
+                # cut short (Ctrl-C while it waited for a worker), perhaps in a finalizer that
+                # runs once: the next pool to start, or the next close of any, finishes it
+                if self not in _cut_short:
+                    _cut_short.append(self)
+                raise
             finally:
                 self._in_close = False
+        if self in _cut_short:
+            _cut_short.remove(self)
 
     def _close(self) -> None:
         self.closed = True
@@ -717,6 +726,19 @@ class ProcessExecutor:
             self.froze = False
             _unfreeze()
         self._shut = True
+
+
+_cut_short: list[ProcessExecutor] = []  # closes a Ctrl-C cut short, that nothing else would finish
+
+
+def finish_cut_short() -> None:
+    """Finish the closes a Ctrl-C cut short (their workers, slots, bells and gc freeze were
+    kept for the rest of the process where the close ran from a finalizer, which runs once)."""
+    for ex in list(_cut_short):
+        try:
+            ex.close()
+        except Exception:  # noqa: BLE001 - it stays listed, for the next try
+            pass
 
 
 class _CtrlCHeld:
