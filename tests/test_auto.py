@@ -949,6 +949,25 @@ def test_epochs_of_fewer_batches_than_a_window_still_feed_the_tuner() -> None:
     assert said["num_workers"] >= 1 and said["prefetch_factor"] is not None, said
 
 
+@pytest.mark.timeout(60)
+def test_the_ram_budget_is_read_before_any_worker_starts(monkeypatch: pytest.MonkeyPatch) -> None:
+    # read at the tuner's first choice, after the early start forked a worker per core: their
+    # memory was missing from what was free, and then charged to the budget once more
+    from helpers import children
+
+    reads: list[int] = []
+
+    def budget(fraction: float = 0.5) -> int:
+        reads.append(len(children()))  # (multiprocessing's own helpers left out)
+        return 8 << 30
+
+    monkeypatch.setattr(conveyor.tuning, "ram_budget", budget)
+    with DataLoader(Waits(), batch_size=16, num_workers="auto", output="numpy") as loader:
+        assert sum(len(b) for b in loader) == len(Waits())
+        started = loader.stats()["workers_started"]
+    assert started and reads and reads[0] == 0, reads
+
+
 def _epochs(loader: DataLoader, n: int) -> tuple[list[np.ndarray], list[bool]]:
     """``n`` epochs' batches, each epoch's concatenated, and whether each started workers."""
     epochs, started = [], []

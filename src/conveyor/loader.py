@@ -1453,6 +1453,10 @@ class _Pool:
         if not self._holder:
             if self.dead:
                 raise RuntimeError("this DataLoader's workers were shut down")
+            if self.tuner is not None:
+                # the RAM budget is the memory free before the workers take theirs: read after
+                # their start, what they hold was missing from it and then charged to it again
+                _ = self.tuner.ram
             if self.worker_type == "thread":
                 ex: Any = ThreadExecutor(self.spec, self.num_workers)
             else:
