@@ -579,10 +579,8 @@ def test_ctrl_c_while_a_worker_is_forked_leaves_no_worker(monkeypatch: pytest.Mo
     loader.close()
 
 
-@pytest.mark.timeout(60)
-def test_a_close_cut_short_by_ctrl_c_is_finished_by_the_next(monkeypatch: pytest.MonkeyPatch) -> None:
-    # Ctrl-C while close() waited for a worker made every later close() a no-op: workers,
-    # slots and the gc freeze stayed until exit
+def _interrupt_the_first_join(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A Ctrl-C lands while close() waits for its first worker."""
     import multiprocessing.process as mpp
 
     join = mpp.BaseProcess.join
@@ -594,9 +592,16 @@ def test_a_close_cut_short_by_ctrl_c_is_finished_by_the_next(monkeypatch: pytest
             raise KeyboardInterrupt
         join(self, timeout)
 
+    monkeypatch.setattr(mpp.BaseProcess, "join", interrupted)
+
+
+@pytest.mark.timeout(60)
+def test_a_close_cut_short_by_ctrl_c_is_finished_by_the_next(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Ctrl-C while close() waited for a worker made every later close() a no-op: workers,
+    # slots and the gc freeze stayed until exit
     loader = conveyor.DataLoader(Squares(), batch_size=2, num_workers=2, persistent_workers=True, **WORKERS)
     assert len(list(loader)) == len(loader)
-    monkeypatch.setattr(mpp.BaseProcess, "join", interrupted)
+    _interrupt_the_first_join(monkeypatch)
     with pytest.raises(KeyboardInterrupt):
         loader.close()
     monkeypatch.undo()
@@ -610,17 +615,6 @@ def test_a_close_cut_short_in_a_finalizer_is_finished_by_the_next_loader(monkeyp
     # a Ctrl-C while the close a finalizer runs (a broken-off epoch, a collected loader)
     # waited for a worker: a finalizer runs once, so the workers, slots and gc freeze stayed
     # for the rest of the process (a notebook interrupted, then run again)
-    import multiprocessing.process as mpp
-
-    join = mpp.BaseProcess.join
-    calls = []
-
-    def interrupted(self: Any, timeout: float | None = None) -> None:
-        if not calls:
-            calls.append(1)
-            raise KeyboardInterrupt
-        join(self, timeout)
-
     loader = conveyor.DataLoader(Squares(), batch_size=2, num_workers=2, persistent_workers=True, **WORKERS)
     assert len(list(loader)) == len(loader)
     pool = loader._persistent
@@ -628,7 +622,7 @@ def test_a_close_cut_short_in_a_finalizer_is_finished_by_the_next_loader(monkeyp
     loader._persistent = None  # dropped: its finalizer is what closes it now
     executor = pool._closers[0]
     prefix = os.path.basename(executor.prefix)
-    monkeypatch.setattr(mpp.BaseProcess, "join", interrupted)
+    _interrupt_the_first_join(monkeypatch)
     with pytest.raises(KeyboardInterrupt):
         pool._finalizer()
     monkeypatch.undo()
