@@ -803,7 +803,7 @@ class DataLoader(Generic[T]):
 
         snap = self.stats()
         if _no_core_left():
-            snap["shared_cores"] = _ranks_words()  # (read here, not with every stats(): the cgroup's files)
+            snap["shared_cores"] = _ranks_words()  # (only the report says it: stats() stays numbers)
         return report(snap)
 
     # -- checkpointing ------------------------------------------------------

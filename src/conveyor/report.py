@@ -182,10 +182,7 @@ def report(snap: dict[str, Any], cores: int | None = None) -> str:
         # epochs of one batch (a small validation set): no step between two batches was
         # timed, and the wait is all of the measured time (it read "100% of each step is
         # spent waiting; the training loop takes (almost) no time")
-        parts.append(f"each epoch handed out one batch ({snap['batches']} so far), so no training step "
-                     "between batches was timed" + (f": a batch took {mean * 1e3:.1f} ms to make" if mean > 0 else "")
-                     + "; the loop waits for an epoch's first batch" + ("" if nw == 0 or snap.get("persistent_workers") else
-                                                 ", and persistent_workers=True starts the workers once"))
+        parts.append(_one_batch_epochs(snap, mean, nw))
     elif not_started and wf >= HIDDEN:
         # adaptive kept the batches here (``_Pool._start_outweighs``): more workers is no advice
         parts.append(f"the main process makes the batches ({_pct(wf)} of the time is spent waiting): "
@@ -371,3 +368,14 @@ def plot_sweep(results: Iterable[dict[str, Any]], path: str | os.PathLike[str]) 
     fig.savefig(out, dpi=100)
     plt.close(fig)
     return out
+
+
+def _one_batch_epochs(snap: dict[str, Any], mean: float, nw: int) -> str:
+    """What to say of epochs of one batch each: no step between batches to weigh the wait against."""
+    said = f"each epoch handed out one batch ({snap['batches']} so far), so no training step between batches was timed"
+    if mean > 0:
+        said += f": a batch took {mean * 1e3:.1f} ms to make"
+    said += "; the loop waits for an epoch's first batch"
+    if nw and not snap.get("persistent_workers"):
+        said += ", and persistent_workers=True starts the workers once"
+    return said
