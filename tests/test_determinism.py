@@ -455,6 +455,42 @@ def test_two_live_iterators_keep_the_epochs_they_were_made_for(kw: dict[str, Any
     assert all(torch.equal(x, y) for x, y in zip(got_b, seq[1], strict=True))
 
 
+def _rng_states() -> tuple[Any, ...]:
+    return random.getstate(), np.random.get_state()[1].tolist(), torch.get_rng_state().tolist()
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("stop", ["epoch", "break"])
+@pytest.mark.parametrize("kw", [{"worker_type": "thread"}, {"worker_type": "thread", "fetch_threads": 2},
+                                {"worker_type": "thread", "adaptive": True}, {}],
+                         ids=["threads", "fetch_threads", "adaptive", "processes"])
+def test_thread_workers_leave_the_global_rngs_as_they_found_them(kw: dict[str, Any], stop: str) -> None:
+    # thread workers seed the RNGs of the training loop's process: a sampler drawing its order
+    # from them (one without a generator) drew the next epoch's from wherever the sample
+    # fetched last in wall time left them, and two runs with one seed could shuffle otherwise
+    kw = {"adaptive": False, **kw}
+    torch.manual_seed(7)
+    random.seed(7)
+    np.random.seed(7)
+    before = _rng_states()
+    loader = DataLoader(Noisy(24), batch_size=3, seed=5, num_workers=2, **kw)
+    with loader:
+        for n, _ in enumerate(loader):
+            if stop == "break" and n == 2:
+                break
+        if stop == "epoch":
+            assert _rng_states() == before  # put back at the epoch's end
+    assert _rng_states() == before  # and by close()
+    # the state the next epoch begins from is the one it found: the same order every run
+    sampler = torch.utils.data.RandomSampler(range(24))  # draws from torch's global RNG
+    orders = []
+    for _ in range(2):
+        torch.manual_seed(3)
+        with DataLoader(Noisy(24), batch_size=3, sampler=sampler, seed=5, num_workers=2, **kw) as loader:
+            orders.append([[b[:, 0].tolist() for b in loader] for _ in range(3)])
+    assert orders[0] == orders[1]
+
+
 @pytest.mark.timeout(60)
 def test_auto_probing_batches_draw_as_a_loader_without_workers() -> None:
     """num_workers="auto" chooses the worker count itself, so there is no worker whose stream a

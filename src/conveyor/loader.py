@@ -993,6 +993,7 @@ class DataLoader(Generic[T]):
             self._inline.close()
             self._inline = None
         self._recycler.clear()
+        rng_lock.put_back()
         finish_cut_short()  # closes a Ctrl-C cut short in a finalizer, this loader's or another's
 
     def __enter__(self) -> DataLoader[T]:
@@ -1624,7 +1625,7 @@ class _Pool:
         restore = None
         if self.spec.seed is not None:
             with rng_lock:  # not while a thread worker is between seeding a sample and its draws
-                restore = rng.RngState()
+                restore = rng_lock.save()
         t0, fresh = time.perf_counter(), self.recycler.fresh_s
         try:
             local.schedule(task)
@@ -1632,7 +1633,7 @@ class _Pool:
         finally:
             if restore is not None:
                 with rng_lock:
-                    restore.restore()
+                    rng_lock.restore(restore)
         return self._timed(result, time.perf_counter() - t0 - (self.recycler.fresh_s - fresh))
 
     def _probe(self, local: Fetcher, task: Task) -> Result:
@@ -1999,6 +2000,7 @@ class _Run(Generic[T]):
     def __init__(self, loader: DataLoader[T], pool: _Pool, epoch: int, skip: int, *, owns_pool: bool,
                  done: Iterable[int] = (), replicas: Iterable[int] | None = None,
                  replayed: dict[str, Any] | None = None) -> None:
+        rng_lock.put_back()  # the RNGs thread workers seeded, as they found them: the sampler may draw
         self.loader = loader
         self.pool = pool
         self.epoch = epoch
@@ -2760,6 +2762,7 @@ class _Run(Generic[T]):
             return
         self.exhausted = True
         self.finished = True
+        rng_lock.put_back()  # the training loop's RNGs back from thread workers
         self.loader._ended = self.where()
         self.stats.epoch_end()
         pool = self.pool

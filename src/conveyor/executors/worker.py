@@ -251,7 +251,15 @@ class RngLock:
     A thread cannot be stopped: one stuck in a sample (a read that never returns) would hold
     the lock, and every seeded loader of the process after it would hang. A loader that gives
     such threads up hands the lock on (``abandon``): its later users take a fresh one, and
-    the stuck thread, should it ever return, releases the one it took."""
+    the stuck thread, should it ever return, releases the one it took.
+
+    Thread workers seed the RNGs of the process the training loop runs in. The states they
+    found before their first seeding are kept (``keep_found``) and put back at an epoch's
+    start and end (``put_back``): a sampler drawing its order from a global RNG (one without
+    a generator) drew each epoch's from wherever the sample fetched last in wall time had
+    left them, and two runs with one seed could shuffle differently (on 2 cores busy with 2
+    other loops, 2 of 8 runs of the resume tests). A snapshot and a restore cost ~200 us
+    (numpy's ``get_state`` and ``set_state``): too much to pay around every sample."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -259,6 +267,7 @@ class RngLock:
         self._took = threading.local()  # the lock this thread holds
         self._readers: set[int] = set()  # threads that hold it shared
         self._left = threading.Condition(threading.Lock())  # a reader let go
+        self.found: rng.RngState | None = None  # the RNGs as thread workers found them
 
     def _take(self) -> threading.Lock:
         while True:
@@ -311,6 +320,39 @@ class RngLock:
                 self._readers.discard(me)
                 left.notify_all()
 
+    def keep_found(self) -> None:
+        """Before a thread worker seeds the RNGs, holding the lock whole: note how it found
+        them, unless a seeding since the last ``put_back`` already did."""
+        if self.found is None:
+            self.found = rng.RngState()
+
+    def put_back(self) -> None:
+        """The global RNGs as thread workers found them, if they seeded them since the last
+        call (the main thread's, at an epoch's start and end; see the class)."""
+        if self.found is None:
+            return
+        with self:
+            found, self.found = self.found, None
+            if found is not None:
+                found.restore()
+
+    def save(self) -> rng.RngState:
+        """Holding the lock whole: the RNGs' states, which the main process puts back
+        (``restore``) after a batch it makes, seeding them. Thread workers seeding meanwhile
+        found them so: were they noted only by a worker's first seeding, one between two of
+        that batch's samples took a sample's seeded states for the loop's, and ``put_back``
+        set those at the epoch's end."""
+        state = rng.RngState()
+        if self.found is None:
+            self.found = state
+        return state
+
+    def restore(self, state: rng.RngState) -> None:
+        """Holding the lock whole: put back what ``save`` returned."""
+        state.restore()
+        if self.found is state:
+            self.found = None  # as found: no thread worker's seeding is left in them
+
     def abandon(self, idents: set[int]) -> None:
         """Hand the lock on if one of these (stuck, given up) threads holds it."""
         with self._left:
@@ -326,6 +368,7 @@ class RngLock:
         self._took = threading.local()
         self._readers = set()
         self._left = threading.Condition(threading.Lock())
+        self.found = None  # a process worker's RNGs are its own
 
 
 FREE_AFTER = 2  # checked fetches that did not depend on the global RNGs, before fetches go unseeded
@@ -355,8 +398,9 @@ class SeededFetch:
     RNG state back after each batch it makes, and a collate_fn drawing there would start
     every batch from that one state where no sample seeded the RNGs."""
 
-    def __init__(self, lock: RngLock) -> None:
+    def __init__(self, lock: RngLock, *, shared: bool = False) -> None:
         self.lock = lock
+        self.shared = shared  # a thread worker's: the RNGs it seeds are the training loop's too
         self.draws = False  # a fetch depended on the global RNGs: every fetch is seeded, in turn
         self.free = False  # fetches go unseeded, at once
         self.quiet = 0  # checked fetches that did not depend on the RNGs
@@ -394,6 +438,8 @@ class SeededFetch:
 
     def _in_turn(self, dataset: Any, index: int, seed: int, *, check: bool) -> Any:
         """Seed and fetch, holding the lock whole; with ``check``, check the fetch (see above)."""
+        if self.shared:
+            self.lock.keep_found()
         rng.seed_all(seed)
         if not check or self.draws or self.free:
             return dataset[index]
@@ -503,7 +549,7 @@ class Fetcher:
                       and spec.seed is None and spec.on_error != "skip")
         # threads of one process share the global RNGs: seeding must hold a lock
         self.lock = rng_lock if (shared_rng or spec.fetch_threads > 1) and spec.seed is not None else None
-        self.seeded = SeededFetch(rng_lock) if worker_id is not None else None
+        self.seeded = SeededFetch(rng_lock, shared=shared_rng) if worker_id is not None else None
         # CPU time plus time waiting for a core (``sched``): on a busy machine a computing
         # fetch must not read as one waiting on storage
         self.cpu_clock = cpu_clock or thread_demand
@@ -668,6 +714,8 @@ class Fetcher:
 
     def _batch_seed(self, task: Task) -> None:
         if self.spec.seed is not None and task.indices:
+            if self.shared_rng and self.worker_id is not None:
+                rng_lock.keep_found()  # (held: ``self.lock`` is it)
             rng.seed_all(rng.mix(self.spec.seed, task.epoch, task.indices[0], len(task.indices)) >> 1)
 
     def _fetch_map(self, task: Task, given: Any = None) -> tuple[Any, list[Failure], bool]:
