@@ -1771,13 +1771,16 @@ class _Pool:
             return EARLY_START_S - ran
         return check
 
-    def _threads_to_start(self, busy: float, alone_s: float | None) -> None:
+    def _threads_to_start(self, busy: float, alone_s: float | None = None) -> None:
         """The user's workers with fetch_threads="auto", about to start: where a probing
         batch mostly waits (kept ``busy`` cores busy), they start with threads wide, as "auto"
         workers do (2 workers, 5 ms a sample: 10 batches of one thread each came before the
-        tuner's first say, 1.25 s for 100 batches where 16 threads took 0.58)."""
+        tuner's first say, 1.25 s for 100 batches where 16 threads took 0.58). ``alone_s``:
+        what one fetch took alone, by default what the probing fetcher measured."""
         if self.auto is None or not self.auto["fetch_threads"] or self.started:
             return
+        if alone_s is None:
+            alone_s = self.local_fetcher().alone_s
         threads = self._threads_for(busy, alone_s)
         if threads != self.threads:
             self.threads = threads
@@ -1787,7 +1790,7 @@ class _Pool:
 
     def _start_early(self, busy: float = 1.0) -> None:
         """A probing batch is slow: fork the workers now, while the main process finishes it."""
-        self._threads_to_start(busy, self.local_fetcher().alone_s)
+        self._threads_to_start(busy)
         try:
             _ = self.executor
         except Exception:  # noqa: BLE001 - surfaces again, with its context, at the next dispatch
