@@ -26,7 +26,7 @@ def run(workers: int, batch_s: float, step_s: float, batches: int = 40, wait_s: 
         wait = (batch_s if workers == 0 else max(0.0, batch_s / workers - step_s)) if wait_s is None else wait_s
         st.handed(t, t + wait, 32, 1)
         t += wait + step_s
-    st.epoch_end()
+    st.epoch_end(at=t)
     return st
 
 
@@ -651,3 +651,132 @@ def test_a_streams_end_is_no_batch_of_its_worker() -> None:
         stats = loader.stats()
     assert len(got) == 9 == stats["batches"]
     assert {k: w["batches"] for k, w in stats["workers"].items()} == {0: 6, 1: 3}
+
+
+def _in_workers(batches: int, made_here: int = 0, **extra: object) -> dict:
+    """A snapshot of 2 workers that waited ``wait_s`` over ``batches`` batches (extra: any key)."""
+    s = {"batches": batches, "steps": batches - 1, "step_per_batch_s": 0.01, "fetch_threads": 1,
+         "num_workers": 2, "workers_started": True, "wait_s": 0.003 * batches,
+         "wait_per_batch_s": 0.003, "wait_fraction": 0.23,
+         "workers": {w: {"batches": batches // 2, "busy_s": 0.005 * (batches // 2), "mean_batch_s": 0.005,
+                         "std_batch_s": 0.0, "busy_fraction": 0.5} for w in (0, 1)}}
+    if made_here:
+        s["workers"] = {-1: {"batches": made_here, "busy_s": 0.005 * made_here, "mean_batch_s": 0.005}}
+    s.update(extra)
+    return s
+
+
+def test_report_names_the_workers_start_up_where_each_epochs_first_batch_is_the_wait() -> None:
+    # 2 workers that keep up; most of the wait was for each epoch's first batch (the workers
+    # starting): raising prefetch_factor (the old advice) does not touch that
+    text = report(_in_workers(40, first_waits_s=0.1), cores=8)
+    assert "83% of the wait (0.10 s) is for each epoch's first batch, the workers' start-up" in text
+    assert "persistent_workers=True pays it once" in text and "prefetch_factor" not in text
+    text = report(_in_workers(40, first_waits_s=0.1, persistent_workers=True), cores=8)
+    assert "is for the first batch, the workers' start-up: paid once" in text
+    # the same wait spread over the epoch: not the start-up
+    assert "start-up" not in report(_in_workers(40, first_waits_s=0.01), cores=8)
+
+
+def test_report_says_the_main_process_made_every_batch_while_the_workers_started() -> None:
+    # spawned persistent workers still importing: every batch made here, none handed over
+    text = report(_in_workers(32, made_here=32), cores=8)
+    assert "the main process made all 32 batches while the workers started up" in text
+    assert "handing batches over" not in text
+
+
+def test_report_does_not_ask_for_more_prefetch_where_batches_were_ready() -> None:
+    text = report(_in_workers(40, mean_ready_batches=14.0), cores=8)
+    assert "14.0 batches were ready on average" in text and "does not shorten" in text
+    assert "raise prefetch_factor" not in text
+    assert "raise prefetch_factor" in report(_in_workers(40, mean_ready_batches=0.2), cores=8)
+
+
+def test_report_blames_the_main_process_not_the_workers_where_they_sit_idle() -> None:
+    # a loop with (almost) no step, 2 workers busy ~30% of the time: it read "20 workers would
+    # hide it, but 2 workers already use the 2 cores: make the collate_fn cheaper"
+    idle = {w: {"batches": 128, "busy_s": 0.03, "mean_batch_s": 0.00025, "std_batch_s": 0.0,
+                "busy_fraction": b} for w, b in ((0, 0.26), (1, 0.38))}
+    s = _in_workers(256, workers=idle, step_per_batch_s=1e-5, wait_fraction=0.97, wait_per_batch_s=0.0005,
+                    wait_s=0.128)
+    text = report(s, cores=2)
+    assert "though the workers sat idle 68% of the time: the main process sets the pace" in text
+    assert "num_workers=0" in text and "would hide it" not in text
+    # costlier batches: fewer workers would do as well
+    for w in idle.values():
+        w["mean_batch_s"], w["busy_s"] = 0.002, 0.002 * 128
+    assert "1 worker would do as well" in report(s, cores=2)
+
+
+def test_report_does_not_advise_fetch_threads_that_already_run() -> None:
+    # fetches of unknown CPU share (no clock) on 2 workers filling the cores: 64 threads ran
+    s = snap(run(2, batch_s=0.04, step_s=0.01), 2)
+    s["fetch_threads"] = 64
+    assert "fetch_threads" not in report(s, cores=2)
+    s["fetch_threads"] = 8
+    assert "raise fetch_threads (now 8)" in report(s, cores=2)
+    s["fetch_threads"] = 1
+    assert "use fetch_threads if fetches wait on storage" in report(s, cores=2)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_pause_after_an_epoch_left_early_is_no_training_step(num_workers: int) -> None:
+    # 4 batches, break, 0.5 s of validation, a whole epoch: the pause counted as one step
+    # (step_per_batch_s read 63 ms of a 10 ms loop) and as the loader's time
+    from conveyor import DataLoader
+
+    with DataLoader(list(range(64)), batch_size=4, num_workers=num_workers, output="numpy") as loader:
+        t0 = time.perf_counter()
+        for i, _ in enumerate(loader):
+            if i == 3:
+                break
+        time.sleep(0.5)
+        for _ in loader:
+            time.sleep(0.001)
+        wall = time.perf_counter() - t0
+        s = loader.stats()
+    assert s["batches"] == 20 and s["steps"] == 3 + 15
+    assert s["step_s"] < 0.25, s["step_s"]  # 18 steps of ~1 ms, not the 0.5 s pause
+    assert s["elapsed_s"] < wall - 0.4, (s["elapsed_s"], wall)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("how", ["end", "break", "close"])
+def test_stats_read_after_a_run_hold_still(how: str) -> None:
+    # throughput and busy fractions were divided by the time up to the read: 2 s after the
+    # run they fell to a quarter, and report() turned from "uneven" to "20 workers"
+    from conveyor import DataLoader
+
+    loader = DataLoader(list(range(64)), batch_size=4, num_workers=2, adaptive=False, output="numpy")
+    for i, _ in enumerate(loader):
+        if how == "break" and i == 5:
+            break
+    if how == "close":
+        loader.close()
+    first = loader.stats()
+    time.sleep(0.3)
+    later = loader.stats()
+    loader.close()
+    assert first["batches"] == later["batches"] > 0
+    assert later["throughput_batches_s"] == first["throughput_batches_s"]
+    assert later["elapsed_s"] == first["elapsed_s"]
+    assert [w["busy_fraction"] for w in later["workers"].values()] == \
+        [w["busy_fraction"] for w in first["workers"].values()]
+
+
+def test_an_iter_after_lean_batches_cuts_the_step_as_it_does_after_others() -> None:
+    now, later = Stats(started=0.0), Stats(started=0.0)
+    for st, lean in ((now, False), (later, True)):
+        for epoch in range(2):
+            for i in range(3):
+                t = epoch * 10.0 + i
+                if lean:
+                    st.made_here(t, t + 0.1, t, t + 0.2, 8)
+                else:
+                    st.result(-1, t, 0.0, t + 0.1)
+                    st.handed(t, t + 0.2, 8, 0)
+            st.run_start()  # a break, then a new iter(): no step across it
+    a, b = now.snapshot(), later.snapshot()
+    assert a["steps"] == b["steps"] == 4 and a["step_s"] == pytest.approx(b["step_s"]) == pytest.approx(3.2)
+    assert now.idle_s > 0 and later.idle_s > 0

@@ -583,6 +583,8 @@ class DataLoader(Generic[T]):
             # the clock of first_batch_s, throughput and the trace starts here, not when the loader
             # was made: the model built and moved meanwhile (seconds) read as the workers' start-up
             self._stats.begin()
+        else:
+            self._stats.run_start()  # the time since the last epoch (or a break) is no step
         epoch, skip, base_seed, done, replicas = self._epoch, 0, None, [], None
         persistent = self.persistent_workers and self.num_workers > 0
         replayed = None
@@ -728,7 +730,22 @@ class DataLoader(Generic[T]):
 
     # -- introspection ------------------------------------------------------
     def stats(self) -> dict[str, Any]:
-        """Per-stage timings, wait fraction, per-worker fetch times, throughput and failures."""
+        """Per-stage timings, wait fraction, per-worker fetch times, throughput and failures.
+
+        Totals over every epoch since the first iter(): ``batches``, ``samples``, ``epochs``;
+        ``wait_s`` (time inside ``next()``; ``first_waits_s`` of it for each epoch's first
+        batch), ``step_s`` over ``steps`` (the loop's time between two batches of one epoch),
+        ``wait_fraction`` = wait / (wait + step); ``elapsed_s``, the loader's time: from the
+        first iter() to now, or to the end of the last epoch (or the last batch of one left
+        early, once its iterator is gone, or close()), less the time between epochs, so
+        ``throughput_*`` and the workers' ``busy_fraction`` read later hold still.
+        ``workers`` maps a worker id (``-1``: the main process) to its batches, fetch, collate,
+        busy and CPU seconds. ``main_process_batches`` counts the batches the current pool
+        made in the main process (a pool of workers that do not persist lives one epoch;
+        ``workers[-1]`` counts every epoch's). ``tuning``: what "auto" chose, and why.
+        """
+        if self._last_run is None:
+            self._stats.pause()  # no iterator left (an epoch left early): its clock holds
         snap = self._stats.snapshot()
         snap["num_workers"] = self.num_workers
         snap["worker_type"] = self.worker_type if self.num_workers else "inline"
@@ -986,6 +1003,7 @@ class DataLoader(Generic[T]):
             self._device_stage.reset()
         for run in list(self._runs):
             run.close()
+        self._stats.pause()  # stats() read after close() holds still
         if self._persistent is not None:
             self._persistent.close()
             self._persistent = None

@@ -95,8 +95,14 @@ def _uneven(snap: dict[str, Any]) -> str | None:
 
 
 def _why_slow_though_enough(snap: dict[str, Any], nw: int, mean: float) -> str:
-    """Why the loop waits though the workers should keep up on average: batches of uneven
-    cost, or (failing that) the hand-over."""
+    """Why the loop waits though the workers should keep up on average: the workers made no
+    batch yet, their start-up, batches of uneven cost, or (failing that) the hand-over."""
+    made = {int(k): w.get("batches", 0) for k, w in snap.get("workers", {}).items()}
+    if not any(b for k, b in made.items() if k >= 0) and made.get(INLINE):
+        # spawned workers import afresh (seconds): a short run is made here meanwhile (it read
+        # "the time goes to handing batches over" of batches no worker had handed over)
+        return (f"the main process made all {made[INLINE]} batches while the workers started up; "
+                "they take over in a longer run")
     n = sq = 0.0
     for k, w in snap.get("workers", {}).items():
         b = w.get("batches", 0)
@@ -109,7 +115,37 @@ def _why_slow_though_enough(snap: dict[str, Any], nw: int, mean: float) -> str:
                "in_order=False hands out the batches that are ready first (or raise prefetch_factor)")
         return (f"batches take {mean * 1e3:.1f} ms on average but unevenly (std {std * 1e3:.1f} ms), and in "
                 f"order a slow one holds back those behind it: {fix}")
+    ready = float(snap.get("mean_ready_batches") or 0.0)
+    if ready >= 1.0:
+        # batches were waiting made: more in flight cannot help (prefetch_factor=8, 14 ready
+        # on average, waited as long as the default did, and was told to raise it again)
+        per = float(snap.get("wait_per_batch_s") or 0.0)
+        return (f"{ready:.1f} batches were ready on average, so the wait ({per * 1e3:.2f} ms a batch) is the "
+                "main process taking each batch in, which a larger prefetch_factor does not shorten")
     return "the time goes to handing batches over; raise prefetch_factor"
+
+
+def _start_up(snap: dict[str, Any]) -> str | None:
+    """Is most of the loop's wait for each epoch's first batch (the workers starting up)?"""
+    wait = float(snap.get("wait_s") or 0.0)
+    first = float(snap.get("first_waits_s") or 0.0)
+    if wait <= 0 or first < 0.5 * wait:
+        return None
+    persist = snap.get("persistent_workers")
+    fix = "paid once: a longer run hides it" if persist else "persistent_workers=True pays it once"
+    which = "the first batch" if persist else "each epoch's first batch"
+    return f"{_pct(first / wait)} of the wait ({first:.2f} s) is for {which}, the workers' start-up: {fix}"
+
+
+def _idle_share(snap: dict[str, Any]) -> float | None:
+    """The share of their time the workers that made batches sat idle, where most of it
+    (None: busy, or not known)."""
+    busy = [w["busy_fraction"] for k, w in snap.get("workers", {}).items()
+            if int(k) >= 0 and w.get("batches") and w.get("busy_fraction") is not None]
+    if not busy:
+        return None
+    idle = 1.0 - sum(busy) / len(busy)
+    return idle if idle > 0.5 else None
 
 
 def workers_needed(snap: dict[str, Any]) -> int | None:
@@ -174,7 +210,11 @@ def report(snap: dict[str, Any], cores: int | None = None) -> str:
     cheaper = (f"make the collate_fn cheaper (it takes {_pct(collate)} of a batch's time)"
                if collate >= 0.5 else "make each sample cheaper")
     threadable = not snap.get("iterable") and not snap.get("batch_getitems")  # (the loader refuses threads)
-    storage = ", or use fetch_threads if fetches wait on storage" if ratio is None and threadable else ""
+    storage = ""
+    if ratio is None and threadable and threads < 64:
+        # (it advised fetch_threads beside the 64 that ran)
+        storage = (", or use fetch_threads if fetches wait on storage" if threads == 1 else
+                   f", or raise fetch_threads (now {threads}) if fetches wait on storage")
     parts: list[str] = []
 
     not_started = snap.get("workers_not_started")
@@ -193,8 +233,22 @@ def report(snap: dict[str, Any], cores: int | None = None) -> str:
     elif wf >= BOTTLENECK:
         head = f"loading is the bottleneck: {_pct(wf)} of each step is spent waiting"
         uneven = _uneven(snap)
+        start_up = _start_up(snap) if nw > 0 and snap.get("workers_started") else None
+        idle = _idle_share(snap) if nw > 0 else None
         if uneven is not None:
             parts.append(f"{head}; {uneven}")
+        elif start_up is not None:
+            parts.append(f"{head}; {start_up}")
+        elif idle is not None:
+            # the loop waits while the workers idle: what limits it is the main process taking
+            # batches in (it read "20 workers would hide it" of 2 workers busy 30% of the time)
+            per = float(snap.get("wait_per_batch_s") or 0.0)
+            enough = max(1, math.ceil(nw * (1.0 - idle) - 1e-9))
+            fix = (f": batches this cheap ({mean * 1e3:.2f} ms) are faster made there, num_workers=0"
+                   if 0 < mean < HANDOFF else
+                   f"; {_workers(enough)} would do as well and leave it more CPU" if enough < nw else "")
+            parts.append(f"{head}, though the workers sat idle {_pct(idle)} of the time: the main process sets "
+                         f"the pace, taking each batch in ({per * 1e3:.2f} ms){fix}")
         elif need is None or need > 16 * max(cores, nw, 1):
             more = f" (up to num_workers={cores} can help)" if nw < cores else ""
             parts.append(f"{head}; the training loop takes (almost) no time between batches, so loading sets "

@@ -38,6 +38,7 @@ INLINE = -1  # the worker id of batches made in the main process
 
 KINDS = ("fetch", "step", "wait")
 _EPOCH_END = (0.0, 0.0, 0.0, 0.0, -1.0)  # a pending record that marks the end of an epoch
+_RUN_START = -2.0  # the size of a pending record that marks a new iter(): (gap, 0, 0, 0, -2)
 PENDING_MAX = 4096  # lean-path batches kept unfolded (40 bytes each) before Stats.flush
 _KIND_CODE = {k: i for i, k in enumerate(KINDS)}
 
@@ -95,6 +96,7 @@ class WorkerTimes:
     work_s: float = 0.0  # lane-seconds of fetches the fetch threads timed ...
     work_batches: int = 0  # ... over this many batches (the rest: busy time alone says)
     since: float | None = None  # when its first batch began: a worker started mid-run lived less
+    idle_before: float = 0.0  # the loader's time between runs (Stats.idle_s) before that
 
 
 @dataclass
@@ -114,6 +116,7 @@ class Stats:
     steps: int = 0  # intervals between two handed batches of one epoch
     epochs: int = 0
     wait_s: float = 0.0  # consumer time spent inside __next__
+    first_waits_s: float = 0.0  # of which for each epoch's first batch (workers starting up)
     step_s: float = 0.0  # consumer time between batches (training)
     first_batch_s: float | None = None
     workers: dict[int, WorkerTimes] = field(default_factory=dict)
@@ -126,6 +129,10 @@ class Stats:
     started: float = field(default_factory=time.perf_counter)
     began: bool = False  # ``begin`` was called: the first iter()
     last_handed: float | None = None
+    # time between runs (from an epoch's end, or the last batch of one left early, to the
+    # next iter()): not the loader's, so out of elapsed_s, throughput and busy fractions
+    idle_s: float = 0.0
+    paused_at: float | None = None  # when the loader went idle (an epoch ended), until the next iter()
     events: Trace = field(init=False)
     queue_depth_sum: int = 0
     batch_bytes: int = 0  # sum of reported batch sizes in bytes
@@ -169,6 +176,10 @@ class Stats:
         result, handed = self.result, self.handed
         for i in range(0, len(pending), 5):
             start, end, asked, got, size = pending[i:i + 5]
+            if size == _RUN_START:  # a new iter() after a gap of ``start`` seconds
+                self.last_handed = None
+                self.idle_s += start
+                continue
             if size < 0:  # an epoch ended here
                 self.last_handed = None
                 self.epochs += 1
@@ -197,6 +208,7 @@ class Stats:
         wt.batches += batches  # (more than one: a gather of many batches at once)
         if wt.since is None:
             wt.since = start
+            wt.idle_before = self.idle_s
         if fetched:
             wt.fetch_s += fetched - start
             wt.collate_s += end - fetched
@@ -227,6 +239,36 @@ class Stats:
         if self.first_batch_s is None and not self.batches:
             self.started = time.perf_counter()
 
+    def run_start(self) -> None:
+        """An iter() after an earlier one: the time since the last epoch ended, or since the
+        last batch handed out of one left early (a ``break`` for validation), is neither a
+        training step nor the loader's time: it counted as one step (a 1 s pause after 4
+        batches of a 10 ms loop read a 63 ms step, and report() found the workers idle)."""
+        paused = self.paused_at if self.paused_at is not None else self._last_got()
+        if paused is None:
+            return  # nothing handed out yet
+        self.paused_at = None
+        gap = max(0.0, time.perf_counter() - paused)
+        if self.pending:
+            # after lean-path batches: a mark among them (they fold in in order)
+            self.pending.extend((gap, 0.0, 0.0, 0.0, _RUN_START))
+        else:
+            self.idle_s += gap
+            self.last_handed = None
+
+    def pause(self) -> None:
+        """No run is left to hand out batches (an epoch left early, its iterator gone): the
+        loader's clock stops at the last batch handed out, and stats() read later holds."""
+        if self.paused_at is None:
+            self.paused_at = self._last_got()
+
+    def _last_got(self) -> float | None:
+        """When the last batch was handed out (None: none since the last epoch's end)."""
+        pending = self.pending
+        if pending:
+            return pending[-2] if pending[-1] >= 0 else None
+        return self.last_handed
+
     def handed(self, asked: float, got: float, size: int, ready: int) -> None:
         """The consumer asked at ``asked`` and got a batch of ``size`` at ``got``."""
         if self.pending:
@@ -241,6 +283,8 @@ class Stats:
             self.steps += 1
             self.step_s += max(0.0, asked - self.last_handed)
             self.events.append("step", LOOP, self.last_handed, asked)
+        else:
+            self.first_waits_s += got - asked
         if got - asked > 1e-5:
             self.events.append("wait", LOOP, asked, got)
         self.last_handed = got
@@ -269,7 +313,10 @@ class Stats:
         waited, handed = self.mark()
         return waited - mark[0], handed - mark[1]
 
-    def epoch_end(self) -> None:
+    def epoch_end(self, at: float | None = None) -> None:
+        """The epoch ended (its iterator raised StopIteration) ``at`` (default: now); the
+        loader is idle until the next iter()."""
+        self.paused_at = time.perf_counter() if at is None else at
         if self.pending:
             # after lean-path batches: a mark among them, folded in with them (a fold here
             # cost ~45 us at the end of each diabetes epoch, ~0.5% of one)
@@ -291,8 +338,11 @@ class Stats:
     def snapshot(self) -> dict[str, Any]:
         """Plain numbers (JSON-able): what ``loader.stats()`` returns, before the loader's settings."""
         self.flush()
-        now = time.perf_counter()
-        elapsed = max(1e-9, now - self.started)
+        # the loader's clock: from the first iter() to now, or to where it went idle (an
+        # epoch's end), less the time between runs; read after a run it holds still (it
+        # fell with the seconds since, and report() found the workers idle)
+        now = self.paused_at if self.paused_at is not None else time.perf_counter()
+        elapsed = max(1e-9, now - self.started - self.idle_s)
         total = self.wait_s + self.step_s
         workers: dict[int, dict[str, Any]] = {}
         for w, t in sorted(self.workers.items()):
@@ -309,7 +359,8 @@ class Stats:
                 "work_batches": t.work_batches,
                 # of the time since its first batch began (or the clocks started): a worker
                 # the tuner added late read as idle, and report() blamed the data ("uneven")
-                "busy_fraction": min(1.0, t.busy_s / max(1e-9, now - max(self.started, t.since or 0.0))),
+                "busy_fraction": min(1.0, t.busy_s / max(1e-9, now - max(self.started, t.since or 0.0)
+                                                          - (self.idle_s - t.idle_before))),
                 "rss": t.rss or None,
             }
         return {
@@ -319,6 +370,7 @@ class Stats:
             "epochs": self.epochs,
             "elapsed_s": elapsed,
             "wait_s": self.wait_s,
+            "first_waits_s": self.first_waits_s,
             "step_s": self.step_s,
             "wait_fraction": (self.wait_s / total) if total > 0 else 0.0,
             "wait_per_batch_s": self.wait_s / self.batches if self.batches else 0.0,
