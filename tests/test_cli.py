@@ -160,7 +160,9 @@ def test_tune_names_a_missing_factory(tmp_path: Path) -> None:
 @pytest.mark.parametrize(("args", "says"), [
     (["--batches", "1"], "--batches must be at least 2"),
     (["--batch-size", "0"], "--batch-size must be a positive integer"),
-    (["--step-ms", "-5"], "--step-ms must not be negative"),
+    (["--step-ms", "-5"], "--step-ms must be a non-negative number"),
+    (["--step-ms", "nan"], "--step-ms must be a non-negative number, got nan"),  # (failed mid-sweep)
+    (["--step-ms", "inf"], "--step-ms must be a non-negative number, got inf"),
 ])
 def test_tune_refuses_bad_numbers_plainly(args: list[str], says: str) -> None:
     with pytest.raises(SystemExit, match=says):
@@ -168,7 +170,7 @@ def test_tune_refuses_bad_numbers_plainly(args: list[str], says: str) -> None:
 
 
 def test_tune_says_when_the_factory_gives_no_dataset() -> None:
-    with pytest.raises(SystemExit, match=r"builtins:int\(\) returned a int, not a dataset"):
+    with pytest.raises(SystemExit, match=r"builtins:int\(\) returned an int, not a dataset"):
         cli.main(["tune", "builtins:int", "--batch-size", "4"])
     # a string has __getitem__ and __len__, yet is no dataset
     with pytest.raises(SystemExit, match=r"builtins:str\(\) returned a str, not a dataset"):
@@ -282,3 +284,27 @@ def test_tune_interrupted_says_so_without_a_traceback(tmp_path: Path, monkeypatc
     assert tune_numpy("ctrlc:make") == 130
     err = capsys.readouterr().err
     assert "conveyor tune: interrupted" in err and "Traceback" not in err
+
+
+def test_tune_says_plainly_when_the_users_module_fails_to_import(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    # only ImportError was caught: a module that raised, or did not parse, dumped cli.py's traceback
+    monkeypatch.syspath_prepend(str(tmp_path))
+    (tmp_path / "raisesdata.py").write_text("raise RuntimeError('no data mounted')\n")
+    (tmp_path / "brokendata.py").write_text("def make(:\n")
+    with pytest.raises(SystemExit, match=r"importing 'raisesdata' failed with RuntimeError: no data mounted"):
+        tune_numpy("raisesdata:make")
+    assert "raisesdata.py" in capsys.readouterr().err  # the user's traceback, to find where it failed
+    with pytest.raises(SystemExit, match=r"importing 'brokendata' failed with SyntaxError"):
+        tune_numpy("brokendata:make")
+
+
+@pytest.mark.parametrize(("batch", "n"), [
+    (("a b c".split(), np.zeros((3, 2))), 3),  # names first: it counted the batch's 2 fields
+    ({"name": ["x", "y"], "label": [1, 2]}, 2),
+    ([np.zeros((5, 1)), [1, 2, 3, 4, 5]], 5),
+    ([[1, 2], [3, 4], [5, 6]], 2),  # default_collate's list of per-position lists
+    (object(), 7),
+])
+def test_tune_counts_the_samples_of_a_batch_whatever_its_first_field(batch: object, n: int) -> None:
+    assert cli._batch_len(batch, 7) == n

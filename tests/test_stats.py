@@ -780,3 +780,26 @@ def test_an_iter_after_lean_batches_cuts_the_step_as_it_does_after_others() -> N
     a, b = now.snapshot(), later.snapshot()
     assert a["steps"] == b["steps"] == 4 and a["step_s"] == pytest.approx(b["step_s"]) == pytest.approx(3.2)
     assert now.idle_s > 0 and later.idle_s > 0
+
+
+def test_a_trace_past_its_limit_says_how_many_events_it_left_out(tmp_path: Path) -> None:
+    st = Stats(started=0.0, trace_limit=4)
+    for i in range(3):
+        st.result(0, i, i + 0.5, i + 1.0)
+        st.handed(i + 1.0, i + 1.1, 8, 0)
+    assert st.trace.dropped == 4 and len(st.trace) == 4  # of 3 fetches, 3 waits and 2 steps
+    with pytest.warns(UserWarning, match="4 later ones were left out"):
+        doc = json.loads(write_trace(st, tmp_path / "t.json").read_text())
+    assert doc["otherData"]["dropped_events"] == 4
+    kept = Stats(started=0.0)
+    kept.result(0, 0.0, 0.5, 1.0)
+    assert "dropped_events" not in json.loads(write_trace(kept, tmp_path / "k.json").read_text())["otherData"]
+
+
+def test_report_of_epochs_that_ended_without_a_batch_does_not_ask_to_iterate() -> None:
+    from conveyor import DataLoader
+
+    loader = DataLoader(list(range(3)), batch_size=4, drop_last=True, output="numpy")
+    assert list(loader) == [] and list(loader) == []
+    assert loader.report().startswith("2 epoch(s) ended without a batch: the dataset is empty")
+    assert DataLoader([1]).report().startswith("no batches yet")

@@ -370,6 +370,10 @@ def _load_factory(spec: str) -> Callable[[], Any]:
         obj: Any = importlib.import_module(module_name)
     except ImportError as exc:
         raise SystemExit(f"conveyor tune: cannot import {module_name!r}: {exc}") from exc
+    except Exception as exc:  # noqa: BLE001 - the module's own code failed (a SyntaxError, a raise)
+        traceback.print_exc()  # the user's code: where it failed is theirs to see
+        raise SystemExit(f"conveyor tune: importing {module_name!r} failed with {type(exc).__name__}: {exc}") \
+            from None
     for part in attr.split("."):
         try:
             obj = getattr(obj, part)
@@ -410,8 +414,9 @@ def tune(args: argparse.Namespace) -> int:
         raise SystemExit("conveyor tune: --batches must be at least 2 (the first batch is timed on its own)")
     if args.batch_size < 1:
         raise SystemExit(f"conveyor tune: --batch-size must be a positive integer, got {args.batch_size}")
-    if args.step_ms < 0:
-        raise SystemExit(f"conveyor tune: --step-ms must not be negative, got {args.step_ms:g}")
+    if not math.isfinite(args.step_ms) or args.step_ms < 0:
+        # (nan and inf passed here and failed after the first setting's first batch)
+        raise SystemExit(f"conveyor tune: --step-ms must be a non-negative number, got {args.step_ms:g}")
     factory = _load_factory(args.factory)
     try:
         dataset = factory()
@@ -421,7 +426,9 @@ def tune(args: argparse.Namespace) -> int:
                          "(FACTORY is called with no arguments and returns the dataset)") from None
     if isinstance(dataset, (str, bytes, bytearray)) or not (hasattr(dataset, "__getitem__")
                                                             or hasattr(dataset, "__iter__")):
-        raise SystemExit(f"conveyor tune: {args.factory}() returned a {type(dataset).__name__}, not a dataset "
+        kind = type(dataset).__name__
+        raise SystemExit(f"conveyor tune: {args.factory}() returned {'an' if kind[0] in 'aeiou' else 'a'} {kind}, "
+                         "not a dataset "
                          "(an object with __getitem__ and __len__, or an iterable)")
     if _is_iterable_dataset(dataset):
         # a stream's worker reads its one iterator: no fetch threads, no shuffling by the loader
@@ -526,18 +533,24 @@ def tune(args: argparse.Namespace) -> int:
 
 
 def _batch_len(batch: Any, default: int) -> int:
-    first = batch
-    while isinstance(first, (list, tuple)) and first:
-        first = first[0]
-    if isinstance(first, dict) and first:
-        first = next(iter(first.values()))
-    shape = getattr(first, "shape", None)
-    if shape:
-        return int(shape[0])
-    try:
-        return len(batch)
-    except TypeError:
-        return default
+    """The samples in a collated batch: the leading dimension of its first array, field by
+    field, else the length of its first list of plain values (collated strings stay a list:
+    a batch of (names, images) counted its 2 fields), else ``default``."""
+    todo = [batch]
+    plain: int | None = None
+    while todo:
+        x = todo.pop(0)
+        shape = getattr(x, "shape", None)
+        if shape:
+            return int(shape[0])
+        if isinstance(x, dict):
+            todo.extend(x.values())
+        elif isinstance(x, (list, tuple)) and x:
+            if all(isinstance(v, (str, bytes, int, float, bool)) for v in x):
+                plain = len(x) if plain is None else plain
+            else:
+                todo.extend(x)
+    return plain if plain is not None else default
 
 
 # -- entry point ------------------------------------------------------------------

@@ -196,6 +196,10 @@ def report(snap: dict[str, Any], cores: int | None = None) -> str:
     'loading is the bottleneck: 63% of each step is spent waiting; 4 workers would hide it.'
     """
     if not snap.get("batches"):
+        if snap.get("epochs"):
+            # (it said "iterate the loader" of a loader iterated to its end)
+            return (f"{snap['epochs']} epoch(s) ended without a batch: the dataset is empty, or drop_last=True "
+                    "with fewer samples than batch_size.")
         return "no batches yet: iterate the loader, then ask again."
     cores = cores if cores is not None else cpu_share()
     wf = float(snap.get("wait_fraction", 0.0))
@@ -386,7 +390,8 @@ def plot_timeline(stats: Stats | Any, path: str | os.PathLike[str]) -> Path:
     handles, labels = ax.get_legend_handles_labels()
     unique = dict(zip(labels, handles))
     if unique:
-        ax.legend(unique.values(), unique.keys(), loc="upper right", fontsize="small")
+        # beside the rows, not over them (it hid the end of the training loop's row)
+        ax.legend(unique.values(), unique.keys(), loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize="small")
     ax.set_title("conveyor timeline: fetches (blue), training steps (green), waiting for data (red)")
     fig.tight_layout()
     out = Path(path)
@@ -412,6 +417,8 @@ def plot_sweep(results: Iterable[dict[str, Any]], path: str | os.PathLike[str]) 
         pts.sort()
         ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=name)
     ax.set_xlabel("num_workers")
+    ax.xaxis.get_major_locator().set_params(integer=True)  # (it drew ticks at 1.9, 2.0, 2.1 workers)
+    ax.set_ylim(bottom=0)
     ax.set_ylabel("samples / s")
     ax.set_title("throughput against worker count")
     ax.grid(True, alpha=0.3)
