@@ -308,3 +308,19 @@ def test_tune_says_plainly_when_the_users_module_fails_to_import(tmp_path: Path,
 ])
 def test_tune_counts_the_samples_of_a_batch_whatever_its_first_field(batch: object, n: int) -> None:
     assert cli._batch_len(batch, 7) == n
+
+
+@pytest.mark.timeout(120)
+def test_tune_sweeps_past_bad_samples_with_on_error_skip(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    # one unreadable sample stopped the whole sweep, with no way around it
+    user_dataset(tmp_path, monkeypatch, "somebad", """
+        if i == 5:
+            raise OSError('unreadable file')
+        return i
+    """)
+    with pytest.raises(SystemExit, match=r"OSError: unreadable file \(--on-error skip sweeps past bad samples\)"):
+        tune_numpy("somebad:make")
+    capsys.readouterr()
+    assert tune_numpy("somebad:make", "--on-error", "skip") == 0
+    assert "on_error='skip'" in capsys.readouterr().out

@@ -449,6 +449,8 @@ def tune(args: argparse.Namespace) -> int:
         extra["worker_type"] = args.worker_type
     if args.output:
         extra["output"] = args.output
+    if args.on_error != "raise":
+        extra["on_error"] = args.on_error
     with _sweeping(args.workers):
         bar = _progress(len(combos) * args.batches)
         try:
@@ -485,8 +487,9 @@ def tune(args: argparse.Namespace) -> int:
                         bar.close()
                         bar = None
                     traceback.print_exc()  # the user's code: where it failed is theirs to see
+                    hint = "" if args.on_error == "skip" else " (--on-error skip sweeps past bad samples)"
                     raise SystemExit(f"conveyor tune: loading failed at num_workers={w} fetch_threads={t} with "
-                                     f"{type(exc).__name__}: {exc}") from None
+                                     f"{type(exc).__name__}: {exc}{hint}") from None
                 finally:
                     loader.close()
                 seconds = last  # to the last batch's step: closing the loader is not loading
@@ -598,6 +601,9 @@ def parser() -> argparse.ArgumentParser:
     t.add_argument("--shuffle", action="store_true", help="shuffle, as training would")
     t.add_argument("--worker-type", choices=["process", "thread"], default="process")
     t.add_argument("--output", choices=["torch", "numpy"], default=None)
+    t.add_argument("--on-error", choices=["raise", "skip"], default="raise",
+                   help="skip: leave bad samples out of their batch, as DataLoader(on_error='skip') does, so "
+                        "a dataset with a few unreadable files can be swept (default raise)")
     t.set_defaults(run=tune)
     return p
 
