@@ -225,6 +225,31 @@ def test_break_and_iterate_again(workers: int) -> None:
     same_epochs(c3, t3)
 
 
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(("workers", "prefetch"), [(0, None), (1, 3), (2, 1), (2, 2)])
+@pytest.mark.parametrize("stop", ["len", -1, -2, -4, -6])
+def test_an_epoch_ended_near_its_end_without_stopiteration_moves_the_generator_as_torchs(
+        workers: int, prefetch: int | None, stop: int | str) -> None:
+    # torch's loader with workers reads the sampler prefetch_factor x num_workers batches
+    # ahead, so an epoch taken as len(loader) batches (a trainer's count, never asking for
+    # the StopIteration) or broken off in its last few ran the sampler out: RandomSampler
+    # draws one more permutation then. Batches made in the main process read no further
+    # than the batch being made: every later epoch's order differed from torch's.
+    out = []
+    for cls in (tud.DataLoader, conveyor.DataLoader):
+        kw: dict[str, Any] = {} if prefetch is None else {"prefetch_factor": prefetch}
+        loader = cls(list(range(40)), batch_size=2, shuffle=True, generator=gen(7), num_workers=workers, **kw)
+        take = len(loader) if stop == "len" else len(loader) + int(stop)
+        first = [b for _, b in zip(range(take), loader)]
+        out.append((first, list(loader), list(loader)))
+        if hasattr(loader, "close"):
+            loader.close()
+    (t1, t2, t3), (c1, c2, c3) = out
+    same_epochs(c1, t1)
+    same_epochs(c2, t2)
+    same_epochs(c3, t3)
+
+
 @pytest.mark.timeout(30)
 @pytest.mark.parametrize("workers", [0, 2])
 @pytest.mark.parametrize("use_gen", [False, True])

@@ -1135,6 +1135,46 @@ class _Findings:
         return self.start_s + self.stop_s
 
 
+class _ReadAhead:
+    """A sampler's batches read ``len(head)`` ahead of the batches made, as torch's loader
+    with workers reads them: it takes ``prefetch_factor * num_workers`` at iter() and one
+    more for each batch it hands out. Batches made in the main process (adaptive, with the
+    user's workers kept back) read the sampler only as far as the batch being made, so an
+    epoch that ended without the StopIteration (``zip(range(len(loader)), loader)``, a
+    trainer counting ``len(loader)`` batches, a break in its last few) never ran the sampler
+    out: torch's RandomSampler draws one more permutation from the generator then, and every
+    later epoch's order differed from torch's. While the pool's workers make the batches
+    they read ahead themselves (``_Run._fill``), and this only hands on what it holds."""
+
+    __slots__ = ("buf", "src", "pool", "done")
+
+    def __init__(self, head: list[Any], src: Iterator[Any], pool: _Pool) -> None:
+        self.buf = collections.deque(head)
+        self.src = src
+        self.pool = pool
+        self.done = False
+
+    def __iter__(self) -> _ReadAhead:
+        return self
+
+    def __next__(self) -> Any:
+        buf = self.buf
+        if not self.done and self.pool.mode != "workers":  # made here ("inline", "probe")
+            try:
+                buf.append(next(self.src))  # the one torch's loader takes as it hands a batch out
+            except StopIteration:
+                self.done = True
+        if buf:
+            return buf.popleft()
+        if self.done:
+            raise StopIteration
+        try:
+            return next(self.src)
+        except StopIteration:
+            self.done = True
+            raise
+
+
 class _Slices:
     """Batches of indices as slices of the sampler's whole order (one array per epoch).
 
@@ -2088,7 +2128,7 @@ class _Run(Generic[T]):
                 self.batches = itertools.islice(self.batches, skip - start, None)
             if primed:
                 head = list(itertools.islice(self.batches, primed))
-                self.batches = itertools.chain(head, self.batches)
+                self.batches = _ReadAhead(head, self.batches, pool)
         self.sampler_done = False
         # has the sampler's iteration begun? With workers it begins here (``primed``); without,
         # at the first batch, as torch's does, or when a state is asked for first (``begin``)
