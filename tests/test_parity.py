@@ -205,24 +205,25 @@ def test_a_sampler_given_as_an_array_of_indices(workers: int, order: str) -> Non
     assert [key(b) for b in again] == [key(b) for b in cb[0][1:]]
 
 
-@pytest.mark.timeout(30)
-@pytest.mark.parametrize("workers", [0, 2])
-def test_break_and_iterate_again(workers: int) -> None:
+def _three_epochs_alike(make: Callable[[Any], Any], take: Callable[[Any], int]) -> None:
+    """torch's and conveyor's loaders (``make(module)``) hand out the same three epochs, the
+    first cut to its first ``take(loader)`` batches."""
     out = []
     for cls in (tud.DataLoader, conveyor.DataLoader):
-        loader = cls(Squares(), batch_size=3, shuffle=True, generator=gen(8), num_workers=workers)
-        first = []
-        for i, b in enumerate(loader):
-            first.append(b)
-            if i == 2:
-                break
+        loader = make(cls)
+        first = [b for _, b in zip(range(take(loader)), loader)]
         out.append((first, list(loader), list(loader)))
         if hasattr(loader, "close"):
             loader.close()
-    (t1, t2, t3), (c1, c2, c3) = out
-    same_epochs(c1, t1)
-    same_epochs(c2, t2)
-    same_epochs(c3, t3)
+    for c, t in zip(out[1], out[0]):
+        same_epochs(c, t)
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("workers", [0, 2])
+def test_break_and_iterate_again(workers: int) -> None:
+    _three_epochs_alike(lambda cls: cls(Squares(), batch_size=3, shuffle=True, generator=gen(8), num_workers=workers),
+                        lambda loader: 3)
 
 
 @pytest.mark.timeout(60)
@@ -235,19 +236,10 @@ def test_an_epoch_ended_near_its_end_without_stopiteration_moves_the_generator_a
     # the StopIteration) or broken off in its last few ran the sampler out: RandomSampler
     # draws one more permutation then. Batches made in the main process read no further
     # than the batch being made: every later epoch's order differed from torch's.
-    out = []
-    for cls in (tud.DataLoader, conveyor.DataLoader):
-        kw: dict[str, Any] = {} if prefetch is None else {"prefetch_factor": prefetch}
-        loader = cls(list(range(40)), batch_size=2, shuffle=True, generator=gen(7), num_workers=workers, **kw)
-        take = len(loader) if stop == "len" else len(loader) + int(stop)
-        first = [b for _, b in zip(range(take), loader)]
-        out.append((first, list(loader), list(loader)))
-        if hasattr(loader, "close"):
-            loader.close()
-    (t1, t2, t3), (c1, c2, c3) = out
-    same_epochs(c1, t1)
-    same_epochs(c2, t2)
-    same_epochs(c3, t3)
+    kw: dict[str, Any] = {} if prefetch is None else {"prefetch_factor": prefetch}
+    _three_epochs_alike(
+        lambda cls: cls(list(range(40)), batch_size=2, shuffle=True, generator=gen(7), num_workers=workers, **kw),
+        lambda loader: len(loader) + (0 if stop == "len" else int(stop)))
 
 
 @pytest.mark.timeout(30)

@@ -261,6 +261,18 @@ class Counted(tud.Dataset):
         return torch.tensor([i])
 
 
+def _counted_loader(n: int, workers: int, prefetch: int, worker_type: str) -> tuple[conveyor.DataLoader, Any]:
+    """A loader of batches of 2 over ``Counted(n)`` (``adaptive=False``), and its shared counter."""
+    import multiprocessing as mp
+
+    ctx = mp.get_context("fork")
+    counter = ctx.Value("i", 0)
+    loader = conveyor.DataLoader(Counted(n, counter), batch_size=2, num_workers=workers, prefetch_factor=prefetch,
+                                 worker_type=worker_type, multiprocessing_context=ctx if worker_type == "process" else None,
+                                 adaptive=False)
+    return loader, counter
+
+
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("worker_type", ["process", "thread"])
 def test_workers_run_at_most_prefetch_batches_ahead_of_a_slow_consumer(worker_type: str) -> None:
@@ -268,14 +280,9 @@ def test_workers_run_at_most_prefetch_batches_ahead_of_a_slow_consumer(worker_ty
     # still in a worker or finished and waiting. Results collected early used to free their
     # place, and the workers ran further ahead with every next(): shared memory and CPU taken
     # from the training step.
-    import multiprocessing as mp
     import time
 
-    ctx = mp.get_context("fork")
-    counter = ctx.Value("i", 0)
-    loader = conveyor.DataLoader(Counted(200, counter), batch_size=2, num_workers=2, prefetch_factor=2,
-                                 worker_type=worker_type, multiprocessing_context=ctx if worker_type == "process" else None,
-                                 adaptive=False)
+    loader, counter = _counted_loader(200, 2, 2, worker_type)
     most = 0
     with loader:
         it = iter(loader)
@@ -296,14 +303,9 @@ def test_a_worker_is_given_its_next_batch_when_one_is_handed_out(worker_type: st
     # one worker, prefetch_factor=1: the next task went out only at the next next(), so the
     # worker idled through every training step (10 ms loads, 10 ms steps: 22 ms a step against
     # torch's 13)
-    import multiprocessing as mp
     import time
 
-    ctx = mp.get_context("fork")
-    counter = ctx.Value("i", 0)
-    loader = conveyor.DataLoader(Counted(40, counter), batch_size=2, num_workers=1, prefetch_factor=1,
-                                 worker_type=worker_type, multiprocessing_context=ctx if worker_type == "process" else None,
-                                 adaptive=False)
+    loader, counter = _counted_loader(40, 1, 1, worker_type)
     with loader:
         it = iter(loader)
         for handed in range(1, 6):
