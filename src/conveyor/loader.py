@@ -1169,9 +1169,9 @@ class _ReadAhead:
         if self.done:
             raise StopIteration
         try:
-            return next(self.src)
+            return next(self.src)  # (workers: straight from the sampler)
         except StopIteration:
-            self.done = True
+            self.done = True  # not asked again: a sampler's iterator need not stay ended
             raise
 
 

@@ -78,12 +78,17 @@ def _collate_share(snap: dict[str, Any]) -> float:
     return collate / busy if busy > 0 else 0.0
 
 
+def _busy_fractions(snap: dict[str, Any]) -> dict[int, float]:
+    """Each worker that made batches: the share of its time it was busy (where reported)."""
+    return {int(k): w["busy_fraction"] for k, w in snap.get("workers", {}).items()
+            if int(k) >= 0 and w.get("busy_fraction") is not None and w.get("batches")}
+
+
 def _uneven(snap: dict[str, Any]) -> str | None:
     """Is one worker busy most of the time and another far less? (An IterableDataset's shards
     of 300 and 100 items: a third worker, advised for the mean, gained nothing; even shards
     took 32% less.)"""
-    busy = {int(k): w.get("busy_fraction") for k, w in snap.get("workers", {}).items()
-            if int(k) >= 0 and w.get("busy_fraction") is not None and w.get("batches")}
+    busy = _busy_fractions(snap)
     if len(busy) < 2:
         return None
     top, low = max(busy, key=busy.__getitem__), min(busy, key=busy.__getitem__)
@@ -140,11 +145,10 @@ def _start_up(snap: dict[str, Any]) -> str | None:
 def _idle_share(snap: dict[str, Any]) -> float | None:
     """The share of their time the workers that made batches sat idle, where most of it
     (None: busy, or not known)."""
-    busy = [w["busy_fraction"] for k, w in snap.get("workers", {}).items()
-            if int(k) >= 0 and w.get("batches") and w.get("busy_fraction") is not None]
+    busy = _busy_fractions(snap)
     if not busy:
         return None
-    idle = 1.0 - sum(busy) / len(busy)
+    idle = 1.0 - sum(busy.values()) / len(busy)
     return idle if idle > 0.5 else None
 
 
