@@ -81,7 +81,7 @@ def test_cheap_samples_stay_in_the_main_process(monkeypatch: pytest.MonkeyPatch)
 @pytest.mark.parametrize("workers", ["auto", 2])
 def test_two_cheap_probing_batches_are_enough(probed: list[int], workers: object) -> None:
     # each probing batch snapshots the global RNGs (~0.15 ms): two cheap batches decide
-    with DataLoader(Tiny(), batch_size=16, num_workers=workers, persistent_workers=True, output="numpy") as loader:
+    with DataLoader(Tiny(), batch_size=16, num_workers=workers, adaptive=True, persistent_workers=True, output="numpy") as loader:
         got = _all(loader)
         stats = loader.stats()
     assert np.array_equal(got, np.arange(512))
@@ -174,7 +174,7 @@ def test_a_waiting_first_batch_starts_the_workers_before_it_ends() -> None:
             time.sleep(0.002)
             return np.full(2, i, dtype=np.int64)
 
-    with DataLoader(Slow(), batch_size=8, num_workers=2, output="numpy") as loader:
+    with DataLoader(Slow(), batch_size=8, num_workers=2, adaptive=True, output="numpy") as loader:
         it = iter(loader)
         first = next(it)
         assert loader.stats()["workers_started"], "the workers should start during the first batch"
@@ -209,7 +209,7 @@ def test_a_computing_first_batch_starts_the_workers_for_the_second() -> None:
     # CPU, so the workers are forked as the second probe starts and make the batches after it
     # while it is made here; they used to wait until it had ended.
     ds = Computes()
-    with DataLoader(ds, batch_size=8, num_workers=2, output="numpy") as loader:
+    with DataLoader(ds, batch_size=8, num_workers=2, adaptive=True, output="numpy") as loader:
         got = _all(loader)
         stats = loader.stats()
     assert np.array_equal(got, np.arange(64))
@@ -225,7 +225,7 @@ def test_the_worker_held_back_for_a_probing_batch_gets_work_as_that_batch_is_han
     # the second probing batch stands in for worker 1 (its RNG), so while it is made here
     # only worker 0 is handed a batch. Once it is made, worker 1 must get its batches before
     # next() returns, not at the next call, a training step later.
-    with DataLoader(Computes(), batch_size=8, num_workers=2, output="numpy") as loader:
+    with DataLoader(Computes(), batch_size=8, num_workers=2, adaptive=True, output="numpy") as loader:
         run = iter(loader)
         next(run)
         next(run)
@@ -279,7 +279,7 @@ def test_a_first_batch_that_copies_memory_does_not_fork_the_workers(monkeypatch:
             return self.images[i]
 
     ds = InMemory()
-    with DataLoader(ds, batch_size=32, num_workers=2, output="numpy") as loader:
+    with DataLoader(ds, batch_size=32, num_workers=2, adaptive=True, output="numpy") as loader:
         batches = list(loader)  # a loop that only iterates (summing each would be a step to hide copies behind)
         stats = loader.stats()
     sums = [int(b.sum()) for b in batches]
@@ -310,7 +310,7 @@ def test_copies_a_training_step_would_hide_go_to_the_workers(monkeypatch: pytest
     # and worth a trip from a worker whatever the machine's speed, had it not been copying
     monkeypatch.setattr(conveyor.loader, "INLINE_MAX_S", 1e-5)
     monkeypatch.setattr(conveyor.loader, "_trip_s", lambda batch, output: 1e-7)
-    with DataLoader(_InMemory(16 * 12), batch_size=16, num_workers=workers, output="numpy") as loader:
+    with DataLoader(_InMemory(16 * 12), batch_size=16, num_workers=workers, adaptive=True, output="numpy") as loader:
         sums = []
         for b in loader:
             sums.append(int(b.sum()))
@@ -322,7 +322,7 @@ def test_copies_a_training_step_would_hide_go_to_the_workers(monkeypatch: pytest
 
 def test_workers_hold_enough_batches_to_keep_their_threads_busy() -> None:
     def depth(**kw: object) -> int:
-        loader = DataLoader(Tiny(), batch_size=32, num_workers=2, **kw)
+        loader = DataLoader(Tiny(), batch_size=32, num_workers=2, adaptive=True, **kw)
         pool = conveyor.loader._Pool(loader, 0)
         try:
             return pool.depth()
@@ -516,7 +516,7 @@ def test_the_lean_path_hands_out_what_the_general_one_does(monkeypatch: pytest.M
     # batches made in the main process with nothing else to do take a shorter path in
     # __next__: same batches, positions, stats and trace, with and without workers asked for
     monkeypatch.setattr(conveyor.loader, "INLINE_MAX_S", 0.05)  # Tiny is cheap however busy the machine
-    for kw in ({}, {"num_workers": 2}):
+    for kw in ({}, {"num_workers": 2, "adaptive": True}):
         lean, general = _lean_and_general(monkeypatch, **kw)
         assert lean == general and len(lean[0]) == 64 + 5
         monkeypatch.undo()
@@ -537,7 +537,7 @@ def test_batches_that_get_costly_leave_the_lean_path_for_the_workers() -> None:
                 _burn(0.0005)
             return np.full(2, i, dtype=np.int64)
 
-    with DataLoader(Costly(), batch_size=8, num_workers=2, output="numpy") as loader:
+    with DataLoader(Costly(), batch_size=8, num_workers=2, adaptive=True, output="numpy") as loader:
         it = iter(loader)
         got = [next(it)[:, 0] for _ in range(20)]
         assert it.lean  # type: ignore[attr-defined]
@@ -651,7 +651,7 @@ def test_an_iterable_dataset_under_auto_reports_the_one_thread_it_runs() -> None
 @pytest.mark.parametrize("threads", [4, "auto"])
 def test_fetch_threads_on_an_iterable_dataset_is_refused(threads: object) -> None:
     with pytest.raises(ValueError, match="fetch_threads needs a map-style dataset"):
-        DataLoader(SlowStream(), batch_size=8, num_workers=2, fetch_threads=threads)
+        DataLoader(SlowStream(), batch_size=8, num_workers=2, adaptive=True, fetch_threads=threads)
 
 
 def test_fetch_threads_auto_needs_workers_to_tune() -> None:
@@ -664,7 +664,7 @@ def test_fetch_threads_auto_needs_workers_to_tune() -> None:
 def test_tuning_reports_the_settings_the_user_fixed_as_they_are() -> None:
     # fetch_threads tuned, num_workers and prefetch_factor fixed: tuning() must not name
     # values the tuner would like for those but may not apply
-    with DataLoader(Waits(), batch_size=8, num_workers=2, fetch_threads="auto", prefetch_factor=3,
+    with DataLoader(Waits(), batch_size=8, num_workers=2, adaptive=True, fetch_threads="auto", prefetch_factor=3,
                     output="numpy") as loader:
         _all(loader)
         chosen = loader.tuning()
@@ -701,7 +701,7 @@ def test_a_batch_is_worth_a_worker_only_above_the_trips_it_costs(monkeypatch: py
         return trip
 
     monkeypatch.setattr(conveyor.loader, "_trip_s", trip_s)
-    with DataLoader(Burns(), batch_size=8, num_workers=2, output="numpy") as loader:
+    with DataLoader(Burns(), batch_size=8, num_workers=2, adaptive=True, output="numpy") as loader:
         got = _all(loader)
         stats = loader.stats()
     assert np.array_equal(got, np.arange(8 * 24))
@@ -731,7 +731,7 @@ def test_a_costly_first_batch_alone_does_not_fork_the_workers() -> None:
     # 8 samples of 0.4 ms: a first batch of 3.2 ms of CPU (past SLOW_S, under FIRST_SLOW_S), then batches of
     # microseconds. One-time costs of a first batch are no reason to fork: the workers
     # would be slower than the main process for every batch after it
-    with DataLoader(ColdStart(8, 0.0004), batch_size=8, num_workers=2, output="numpy") as loader:
+    with DataLoader(ColdStart(8, 0.0004), batch_size=8, num_workers=2, adaptive=True, output="numpy") as loader:
         got = _all(loader)
         stats = loader.stats()
     assert np.array_equal(got, np.arange(8 * 40))
@@ -749,7 +749,7 @@ def test_probing_batches_that_read_high_do_not_fork_the_workers(monkeypatch: pyt
     monkeypatch.setattr(conveyor.loader, "INLINE_MAX_S", 0.0005)
     monkeypatch.setattr(conveyor.loader, "SLOW_S", 0.5)  # only the costs decide, however busy the machine
     monkeypatch.setattr(conveyor.loader, "_trip_s", lambda batch, output: 1e-6)
-    with DataLoader(ColdStart(8 * slow_batches, 0.0002), batch_size=8, num_workers=2, output="numpy") as loader:
+    with DataLoader(ColdStart(8 * slow_batches, 0.0002), batch_size=8, num_workers=2, adaptive=True, output="numpy") as loader:
         got = _all(loader)
         stats = loader.stats()
     assert np.array_equal(got, np.arange(8 * 40))
@@ -778,7 +778,7 @@ def test_the_probes_own_bookkeeping_is_not_a_batchs_cost(monkeypatch: pytest.Mon
     monkeypatch.setattr(conveyor.loader, "SLOW_S", 0.5)  # however busy the machine
     monkeypatch.setattr(conveyor.loader, "_trip_s", trip)
     monkeypatch.setattr(conveyor.loader, "INLINE_MAX_S", 0.0005)
-    with DataLoader(ColdStart(0, 0.0), batch_size=8, num_workers=workers, output="numpy") as loader:
+    with DataLoader(ColdStart(0, 0.0), batch_size=8, num_workers=workers, adaptive=True, output="numpy") as loader:
         got = _all(loader)
         stats = loader.stats()
     assert np.array_equal(got, np.arange(8 * 40))
@@ -803,7 +803,7 @@ def test_a_trip_is_timed_for_every_kind_of_leaf() -> None:
 def test_main_process_batches_keep_a_bounded_record_of_their_rates(num_workers: int | str) -> None:
     # each batch made in the main process appended its bytes per second, for good: a list
     # growing by a float a batch over a run of millions
-    with DataLoader(np.arange(600, dtype=np.float32), batch_size=None, num_workers=num_workers) as loader:
+    with DataLoader(np.arange(600, dtype=np.float32), batch_size=None, num_workers=num_workers, adaptive=True) as loader:
         assert sum(1 for _ in loader) == 600
         assert loader._last_pool is not None and loader._last_pool.mode == "inline"
         assert len(loader._last_pool.inline_rates) <= 16
@@ -833,7 +833,7 @@ def test_fixed_workers_with_auto_threads_keep_cheap_batches_here_and_tune_to_val
     # num_workers=2, fetch_threads="auto": tuning() read num_workers=0 beside prefetch_factor=2
     # while adaptive kept the cheap batches here (the constructor refuses that), and the first
     # retune started the workers anyway
-    with DataLoader(list(range(4000)), batch_size=4, num_workers=2, fetch_threads="auto", output="numpy") as loader:
+    with DataLoader(list(range(4000)), batch_size=4, num_workers=2, adaptive=True, fetch_threads="auto", output="numpy") as loader:
         it = iter(loader)
         for _ in range(3):
             next(it)
@@ -854,7 +854,7 @@ def test_fixed_workers_with_auto_threads_keep_cheap_batches_here_and_tune_to_val
 def test_fixed_workers_with_auto_threads_start_wide_for_batches_that_wait() -> None:
     # num_workers=2, fetch_threads="auto", samples that sleep: the workers started with one
     # thread each and kept it until the tuner's first say, ten batches later
-    with DataLoader(Waits(), batch_size=16, num_workers=2, fetch_threads="auto", output="numpy") as loader:
+    with DataLoader(Waits(), batch_size=16, num_workers=2, adaptive=True, fetch_threads="auto", output="numpy") as loader:
         it = iter(loader)
         first = np.concatenate([next(it) for _ in range(2)])
         pool = loader._last_pool
@@ -998,7 +998,7 @@ def test_workers_that_cost_more_to_start_than_an_epoch_takes_are_not_started_aga
     # spawned workers import afresh (~1 s with torch): for an epoch the main process makes
     # in 24 ms, every epoch paid that start-up again
     me = os.getpid()
-    with DataLoader(Pids(), batch_size=2, num_workers=workers, multiprocessing_context="spawn",
+    with DataLoader(Pids(), batch_size=2, num_workers=workers, adaptive=True, multiprocessing_context="spawn",
                     persistent_workers=persistent, output="numpy") as loader:
         epochs, started = _epochs(loader, 3)
         chosen = loader.tuning()
@@ -1050,7 +1050,7 @@ def test_the_main_process_makes_the_batches_while_spawned_workers_start(persiste
     # torch), the training loop standing still meanwhile; now the main process makes them
     # until the workers are ready. 4 ms batches: the first dozen cannot come from a worker
     me = os.getpid()
-    with DataLoader(Pids(n=400), batch_size=2, num_workers=1, multiprocessing_context="spawn",
+    with DataLoader(Pids(n=400), batch_size=2, num_workers=1, adaptive=True, multiprocessing_context="spawn",
                     persistent_workers=persistent, output="numpy") as loader:
         got = np.concatenate(list(loader))
         assert loader.stats()["workers_started"]
@@ -1066,7 +1066,7 @@ def test_later_epochs_give_slowly_starting_workers_a_head_start_too(monkeypatch:
     # to import, every epoch, the training loop standing still meanwhile
     monkeypatch.setattr(conveyor.loader, "_cores", lambda: 1)
     me = os.getpid()
-    with DataLoader(Pids(n=800), batch_size=2, num_workers=1, multiprocessing_context="spawn",
+    with DataLoader(Pids(n=800), batch_size=2, num_workers=1, adaptive=True, multiprocessing_context="spawn",
                     output="numpy") as loader:
         # as an earlier epoch found them (timed here, a loaded machine's start-up outlasted the
         # epoch, and workers were rightly not started again): worth starting, and slow to
@@ -1112,7 +1112,7 @@ def test_workers_the_loop_waited_longer_for_than_batches_made_here_take_are_not_
     # an epoch's workers that do not persist were started again every epoch once a probe
     # found batches costly enough, however long the training loop then waited for them
     me = os.getpid()
-    with DataLoader(SlowerInWorkers(), batch_size=4, num_workers=workers, output="numpy") as loader:
+    with DataLoader(SlowerInWorkers(), batch_size=4, num_workers=workers, adaptive=True, output="numpy") as loader:
         epochs, started = _epochs(loader, 3)
         chosen = loader.tuning()
         said = loader.report()
@@ -1160,7 +1160,7 @@ def test_an_epoch_made_here_on_an_estimate_is_timed_and_the_faster_way_kept() ->
     # the loop a batch every 5 ms. The next epoch is made here on that estimate, and timed:
     # ~11 ms a batch. The one after has workers again.
     me = os.getpid()
-    with DataLoader(EveryFourthSlow(), batch_size=4, num_workers=2, output="numpy") as loader:
+    with DataLoader(EveryFourthSlow(), batch_size=4, num_workers=2, adaptive=True, output="numpy") as loader:
         found = loader._findings
         found.workers_paid, found.batch_s, found.start_s, found.stop_s = True, 0.001, 0.02, 0.0
         found.fed_s, found.fed_batches = 0.12, 24

@@ -373,7 +373,7 @@ def test_the_main_process_track_is_named_for_any_worker_count() -> None:
     from conveyor import DataLoader
     from conveyor.stats import trace_events
 
-    loader = DataLoader(list(range(64)), batch_size=8, num_workers=2, output="numpy")
+    loader = DataLoader(list(range(64)), batch_size=8, num_workers=2, adaptive=True, output="numpy")
     assert sum(1 for _ in loader) == 8
     names = {e["args"]["name"] for e in trace_events(loader) if e.get("ph") == "M" and e.get("name") == "thread_name"}
     assert "main process" in names and not any("num_workers=0" in n for n in names)

@@ -24,7 +24,7 @@ from .datasets import (
 )
 from .device import DevicePrefetcher
 from .distributed import ShardedIterable, shard_iterable
-from .errors import WorkerError
+from .errors import SlowSettingWarning, WorkerError
 from .executors.recovery import WorkerDied
 from .executors.worker import WorkerInfo, get_worker_info
 from .loader import DataLoader, TooManyFailures
@@ -56,6 +56,7 @@ __all__ = sorted([
     "Sampler",
     "SequentialSampler",
     "ShardedIterable",
+    "SlowSettingWarning",
     "StackDataset",
     "StringArray",
     "Subset",

@@ -16,7 +16,7 @@ import traceback
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Failure", "RemoteTraceback", "WorkerError", "capture", "rebuild"]
+__all__ = ["Failure", "RemoteTraceback", "SlowSettingWarning", "WorkerError", "capture", "rebuild"]
 
 
 class WorkerError(RuntimeError):
@@ -31,6 +31,13 @@ class WorkerError(RuntimeError):
         self.type_name = type_name
         self.worker_id = worker_id
         self.indices = indices
+
+
+class SlowSettingWarning(UserWarning):
+    """A setting the user chose measurably slows loading (conveyor keeps it, and says so once).
+
+    Filter it like any warning: ``warnings.simplefilter("ignore", SlowSettingWarning)``.
+    """
 
 
 class RemoteTraceback(Exception):

@@ -35,7 +35,7 @@ import numpy as np
 from . import _torch, replay, rng
 from .collate import default_collate, default_convert, numpy_collate
 from .distributed import ShardedIterable, rank_and_world
-from .errors import Failure, capture, rebuild
+from .errors import Failure, SlowSettingWarning, capture, rebuild
 from .executors import inherit
 from .executors.inline import InlineExecutor
 from .executors.processes import ProcessExecutor, finish_cut_short
@@ -188,9 +188,12 @@ class DataLoader(Generic[T]):
       copied ``device_depth`` ahead on a side stream (see ``DevicePrefetcher``); on a CUDA
       device, process workers' batches are copied from their page-locked slots, with or
       without ``pin_memory``;
-    * ``adaptive``: batches that cost less in the main process than a trip from a
-      worker (tiny samples) are made in the main process, and workers start only
-      when they pay off. ``False`` always uses the workers.
+    * ``adaptive``: off by default, so that ``num_workers=N`` runs N workers making every
+      batch, as torch's. ``True`` (an opt-in) makes N a ceiling: batches that cost less in
+      the main process than a trip from a worker are made there, and workers start only
+      when they pay off. ``num_workers="auto"`` adapts so and chooses the count too.
+      Workers the user set that cost more than they save are kept, with one
+      ``SlowSettingWarning`` after an epoch.
 
     >>> loader = DataLoader(list(range(10)), batch_size=4, output="numpy")
     >>> [b.tolist() for b in loader]
@@ -226,7 +229,7 @@ class DataLoader(Generic[T]):
         on_error: str = "raise",
         max_failures: int | float = 0.01,
         max_worker_restarts: int = 3,
-        adaptive: bool = True,
+        adaptive: bool = False,
         restart_hung: bool = False,
         device: Any = None,
         device_depth: int = 2,
@@ -507,6 +510,7 @@ class DataLoader(Generic[T]):
         self._fd_mark: list[dict[int, tuple[int, int]] | None] = []
         self._forked: list[bool] = []  # a pool of this loader has started process workers
         self._findings = _Findings()  # what adaptive pools found, for the next epochs' pools
+        self._warned_slow = False  # SlowSettingWarning given (once a loader)
         self._slot_pinner = _pinner(self)
         self._device_stage: Any = None
         if self._device_args is not None:
@@ -806,6 +810,18 @@ class DataLoader(Generic[T]):
                                              "are kept to the end of the run")
                 snap["tuning"] = tuning
         return snap
+
+    def _warn_if_workers_lose(self) -> None:
+        """After an epoch: warn once if the user's own num_workers cost more than they save
+        (``report.workers_lose``). The setting stands; "auto" needs no warning, it chooses."""
+        if self._warned_slow or self._auto is not None or self.num_workers == 0:
+            return
+        from .report import workers_lose
+
+        words = workers_lose(self.stats())
+        if words is not None:
+            self._warned_slow = True
+            warnings.warn(f"conveyor: {words} (loader.report() says more)", SlowSettingWarning, stacklevel=4)
 
     def tuning(self) -> dict[str, Any] | None:
         """What ``"auto"`` settled on (num_workers, fetch_threads, prefetch_factor, reason, settled).
@@ -1336,9 +1352,9 @@ def _is_stateless(sampler: Any) -> bool:
 class _Pool:
     """The workers of a loader (started lazily), the main process's own fetcher, and the seed.
 
-    With ``adaptive=True`` the main process fetches the first batches itself and
-    starts the workers only when a batch costs more than sending it would
-    (``INLINE_MAX_S``): for datasets of tiny samples, workers are never a loss.
+    Under ``num_workers="auto"`` (or the ``adaptive=True`` opt-in) the main process fetches
+    the first batches itself and starts the workers only when a batch costs more than
+    sending it would (``INLINE_MAX_S``); otherwise the workers make every batch.
     """
 
     def __init__(self, loader: DataLoader[Any], base_seed: int) -> None:
@@ -2826,6 +2842,7 @@ class _Run(Generic[T]):
         rng_lock.put_back()  # the training loop's RNGs back from thread workers
         self.loader._ended = self.where()
         self.stats.epoch_end()
+        self.loader._warn_if_workers_lose()
         pool = self.pool
         if pool.launched and not pool.persistent and not pool.dead:
             if not pool.delivered and pool.starting():

@@ -23,11 +23,16 @@ from typing import Any
 from .stats import INLINE, LOOP, Stats, _stats_of
 from .tuning import cpu_share
 
-__all__ = ["plot_sweep", "plot_timeline", "report", "workers_needed"]
+__all__ = ["plot_sweep", "plot_timeline", "report", "workers_lose", "workers_needed"]
 
 HIDDEN = 0.05  # the consumer waiting less than this is "hidden"
 BOTTLENECK = 0.10
 HANDOFF = 5e-4  # seconds a batch from a worker costs the main process, roughly: cheaper batches stay inline
+# Workers "clearly lose" when the loop waits this many times what a batch costs to make (the
+# main process would make it in that time, num_workers=0), and by this much over a run: a few
+# batches a few microseconds apart are no finding.
+LOSE_RATIO = 1.5
+LOSE_MIN_S = 0.01
 
 
 def _mean_batch(snap: dict[str, Any]) -> tuple[float, float | None]:
@@ -152,6 +157,43 @@ def _idle_share(snap: dict[str, Any]) -> float | None:
     return idle if idle > 0.5 else None
 
 
+def workers_lose(snap: dict[str, Any]) -> str | None:
+    """Do the user's workers cost more than they save? A sentence with the numbers, else None.
+
+    A batch made in the main process (``num_workers=0``) costs what it costs a worker to
+    fetch and collate it; with workers the loop pays its wait inside ``next()`` instead.
+    Where that wait is more than ``LOSE_RATIO`` times the cost (pickling, the trip, the
+    workers' start-up outweigh the work), the workers lose. A persistent loader's start-up
+    is paid once, so its first waits are left out; a loader whose workers do not persist
+    pays it every epoch, so they count.
+
+    >>> snap = {"batches": 20, "num_workers": 2, "wait_s": 0.2, "first_waits_s": 0.15,
+    ...         "workers": {0: {"batches": 10, "fetch_s": 0.002, "collate_s": 0.001},
+    ...                     1: {"batches": 10, "fetch_s": 0.002, "collate_s": 0.001}}}
+    >>> workers_lose(snap)[:61]
+    'the loop waited 10.00 ms a batch for 2 workers, while a batch'
+    """
+    nw = int(snap.get("num_workers") or 0)
+    batches = int(snap.get("batches") or 0)
+    made = {int(k): w for k, w in (snap.get("workers") or {}).items()}
+    by_workers = sum(w.get("batches", 0) for k, w in made.items() if k >= 0)
+    if nw <= 0 or batches < 4 or by_workers < batches or made.get(INLINE, {}).get("batches"):
+        return None  # (batches made in the main process: its own cost is measured, not this)
+    if int(snap.get("fetch_threads", 1) or 1) > 1:
+        return None  # fetch threads overlap waits on storage the main process would serialise
+    cost = sum(w.get("fetch_s", 0.0) + w.get("collate_s", 0.0) for k, w in made.items() if k >= 0) / by_workers
+    wait = float(snap.get("wait_s") or 0.0)
+    if snap.get("persistent_workers"):
+        wait -= float(snap.get("first_waits_s") or 0.0)
+    per = wait / batches
+    if per <= LOSE_RATIO * cost or (per - cost) * batches < LOSE_MIN_S:
+        return None
+    times = f"{per / cost:.1f}x" if cost > 0 else "far more than"
+    return (f"the loop waited {per * 1e3:.2f} ms a batch for {_workers(nw)}, while a batch takes "
+            f"{cost * 1e3:.2f} ms to make ({times} that): the main process would make them faster; "
+            "use num_workers=0, or num_workers='auto' to choose")
+
+
 def workers_needed(snap: dict[str, Any]) -> int | None:
     """``ceil(mean_batch_s / step_per_batch_s)``: workers that keep up with the loop, each with
     the fetch threads it has (None: unknown). ``mean_batch_s`` is a worker's wall time per batch
@@ -226,6 +268,7 @@ def report(snap: dict[str, Any], cores: int | None = None) -> str:
     parts: list[str] = []
 
     not_started = snap.get("workers_not_started")
+    lose = workers_lose(snap)
     if snap.get("steps") == 0:
         # epochs of one batch (a small validation set): no step between two batches was
         # timed, and the wait is all of the measured time (it read "100% of each step is
@@ -235,6 +278,8 @@ def report(snap: dict[str, Any], cores: int | None = None) -> str:
         # adaptive kept the batches here (``_Pool._start_outweighs``): more workers is no advice
         parts.append(f"the main process makes the batches ({_pct(wf)} of the time is spent waiting): "
                      f"{not_started}; persistent_workers=True would start them once, for every epoch")
+    elif lose is not None and wf >= HIDDEN:
+        parts.append(f"the workers cost more than they save ({_pct(wf)} of the time is spent waiting): {lose}")
     elif nw == 0 and wf >= HIDDEN and 0 < mean < HANDOFF:
         parts.append(f"loading in the main process takes {mean * 1e3:.2f} ms a batch ({_pct(wf)} of the time), "
                      "less than handing a batch over from a worker costs: num_workers=0 is right")
