@@ -78,14 +78,20 @@ def test_demo_quick_writes_the_trace(tmp_path: Path) -> None:
     assert out.returncode == 0, out.stdout + out.stderr
     text = out.stdout
     assert "samples/s" in text and "wait %" in text
-    assert "auto:" in text
+    assert "auto chose num_workers=" in text
     assert "where time went" in text
+    # torch's and conveyor's cost of a worker against none, in this run's numbers
+    assert re.search(r"conveyor: num_workers=1 [0-9.]+x the time of num_workers=0", text), text
     rows = [line.split() for line in text.splitlines() if line.split()[:1] in (["torch"], ["conveyor"])
             and len(line.split()) == 5]
     assert {(r[0], r[1]) for r in rows} >= {("conveyor", "0"), ("conveyor", "1")}
     doc = json.loads((out_dir / "trace.json").read_text())
     assert any(e["ph"] == "X" and e["name"] == "fetch" for e in doc["traceEvents"])
     assert any(e["ph"] == "X" and e["name"] == "step" for e in doc["traceEvents"])
+    # num_workers=1 means a worker made every batch: its trace has a worker's track and no main-process one
+    one = json.loads((out_dir / "trace-conveyor-w1.json").read_text())["traceEvents"]
+    tracks = {e["args"]["name"] for e in one if e["ph"] == "M" and e["name"] == "thread_name"}
+    assert "worker 0" in tracks and "main process" not in tracks, tracks
 
 
 @pytest.mark.timeout(300)

@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from . import _torch
+from .errors import SlowSettingWarning
 from .report import plot_sweep, plot_timeline, report
 from .stats import write_trace
 
@@ -263,6 +264,28 @@ def _sweep(ds: Diabetes, workers: list[int], epochs: int, output: str, make_step
         print(f"  {name:<9} num_workers={n}: {rows[-1]['seconds']:.2f} s{runs(seconds)}", flush=True)
 
 
+def _workers_finding(rows: Sequence[dict[str, Any]]) -> tuple[str, bool]:
+    """The experiment's finding in this run's numbers: what each worker count costs against
+    num_workers=0, for each loader (rows: ``_row``'s, the worker counts the sweep ran), and
+    whether every worker count was slower than none."""
+    lines = []
+    for name in ("torch", "conveyor"):
+        mine = {r["workers"]: r["seconds"] for r in rows if r["loader"] == name and isinstance(r["workers"], int)}
+        if 0 not in mine or len(mine) < 2:
+            continue
+        base = mine[0]
+        slower = [f"num_workers={n} {mine[n] / base:.1f}x" for n in sorted(mine) if n]
+        lines.append(f"{name}: " + ", ".join(slower) + f" the time of num_workers=0 ({base:.2f} s)")
+    if not lines:
+        return "", False
+    worse = all(r["seconds"] > min(x["seconds"] for x in rows if x["loader"] == r["loader"] and x["workers"] == 0)
+                for r in rows if isinstance(r["workers"], int) and r["workers"] and
+                any(x["loader"] == r["loader"] and x["workers"] == 0 for x in rows))
+    head = ("as in the experiment, every worker here costs more than it saves (batches this cheap are faster "
+            "made in the training process):" if worse else "workers against num_workers=0:")
+    return head + "\n  " + "\n  ".join(lines), worse
+
+
 # -- conveyor demo ----------------------------------------------------------------
 def demo(args: argparse.Namespace) -> int:
     """The demo, with the model's torch on ``--torch-threads`` intra-op threads (then put back).
@@ -312,7 +335,9 @@ def _demo(args: argparse.Namespace) -> int:
         warm(*((_stack(xs), _stack(ys)) if has_torch else (np.stack(xs), np.stack(ys))))
     rows: list[dict[str, Any]] = []
     loaders: dict[int, Any] = {}
-    with _sweeping(workers):
+    with _sweeping(workers), warnings.catch_warnings():
+        # the demo states what SlowSettingWarning would say, with both loaders' numbers (below)
+        warnings.simplefilter("ignore", SlowSettingWarning)
         _sweep(ds, workers, epochs, output, make_step, has_torch, rows, loaders, out_dir, repeats)
 
     auto_line = "auto: not available"
@@ -326,9 +351,11 @@ def _demo(args: argparse.Namespace) -> int:
         rows.append(_row("conveyor", "auto", out))
         snap = al.stats()
         chosen = al.tuning() if callable(getattr(al, "tuning", None)) else snap.get("tuning")
-        why = f" ({chosen['reason']})" if isinstance(chosen, dict) and chosen.get("reason") else ""
-        auto_line = (f"auto: num_workers={snap.get('num_workers')}, fetch_threads={snap.get('fetch_threads')}, "
-                     f"prefetch_factor={snap.get('prefetch_factor')}{why}")
+        why = f"; {chosen['reason']}" if isinstance(chosen, dict) and chosen.get("reason") else ""
+        where = ("every batch made in the main process" if not snap.get("workers_started") else
+                 f"{snap.get('num_workers')} worker(s) started")
+        auto_line = (f"auto chose num_workers={snap.get('num_workers')}, fetch_threads={snap.get('fetch_threads')}, "
+                     f"prefetch_factor={snap.get('prefetch_factor')}: {where}{why}")
 
     print()
     if repeats > 1:
@@ -340,6 +367,9 @@ def _demo(args: argparse.Namespace) -> int:
     ours = [r for r in rows if r["loader"] == "conveyor" and r["workers"] != "auto"]
     best = max(ours, key=lambda r: r["samples_s"])
     torch_rows = [r for r in rows if r["loader"] == "torch"]
+    finding, workers_lose = _workers_finding(rows)
+    if finding:
+        print(finding)
     if torch_rows:
         tb = max(torch_rows, key=lambda r: r["samples_s"])
         print(f"best torch: num_workers={tb['workers']} at {tb['samples_s']:,.0f} samples/s; best conveyor: "
@@ -347,6 +377,12 @@ def _demo(args: argparse.Namespace) -> int:
               f"({best['samples_s'] / tb['samples_s']:.1f}x)")
     bl = loaders[best["workers"]]
     text = bl.report() if callable(getattr(bl, "report", None)) else report(bl.stats())
+    if best["workers"] == 0 and workers_lose:
+        # report() of a loader without workers can only guess what a worker's trip would cost;
+        # the sweep above measured it
+        per = bl.stats().get("wait_per_batch_s") or 0.0
+        text = (f"each batch takes {per * 1e3:.2f} ms to make in the training process; the rows above "
+                "measured that workers cost more than that, so num_workers=0 is right for this data")
     print(f"where time went (conveyor, num_workers={best['workers']}): {text}")
 
     trace = write_trace(bl, out_dir / "trace.json")
