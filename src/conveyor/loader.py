@@ -1289,17 +1289,19 @@ def _digested(batches: Iterator[Any], digests: array.array, d: int, learn: tuple
 
 
 class _CpuTimed:
-    """``fn`` called with the CPU seconds this thread spends in it added up (``cpu_s``)."""
+    """``fn`` called with the CPU seconds this thread spends in it added up (``cpu_s``), read
+    on ``clock``: the clock of the batch it runs inside, so that what it takes away from that
+    batch is what it added (a fetcher's clock counts the thread's waits for a core too)."""
 
-    def __init__(self, fn: Callable[..., None]) -> None:
-        self.fn, self.cpu_s = fn, 0.0
+    def __init__(self, fn: Callable[..., None], clock: Callable[[], float] = time.thread_time) -> None:
+        self.fn, self.clock, self.cpu_s = fn, clock, 0.0
 
     def __call__(self, *args: Any) -> None:
-        c0 = time.thread_time()
+        c0 = self.clock()
         try:
             self.fn(*args)
         finally:
-            self.cpu_s += time.thread_time() - c0
+            self.cpu_s += self.clock() - c0
 
 
 def _typical(costs: list[float]) -> float:
@@ -1783,7 +1785,7 @@ class _Pool:
             # batches while this one, the second opinion, is made here
             start()
             start = None
-        forking = None if start is None else _CpuTimed(start)  # the workers' start, from the watch
+        forking = None if start is None else _CpuTimed(start, local.cpu_clock)  # the workers' start, from the watch
         if forking is not None:
             local.watch = (SLOW_S, self._early_check(forking, t0, cpu0, rq0, first=not self.inline_costs))
         try:
