@@ -28,3 +28,13 @@ def test_docstring_examples(name: str) -> None:
     module = importlib.import_module(name)
     result = doctest.testmod(module, optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
     assert result.failed == 0, f"{result.failed} of {result.attempted} examples failed in {name}"
+
+
+def test_docstring_examples_write_no_fixed_path() -> None:
+    # write_trace's example wrote /tmp/conveyor-trace.json on every run of the suite: the
+    # examples make their own temporary folders (the session's temp folder is private, see
+    # conftest.py, but a literal /tmp path goes around it)
+    fixed = [f"{t.name}: {e.source.strip()}" for name in _modules()
+             for t in doctest.DocTestFinder().find(importlib.import_module(name))
+             for e in t.examples if "/tmp" in e.source]
+    assert not fixed, fixed

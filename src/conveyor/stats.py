@@ -459,8 +459,10 @@ def write_trace(stats: Stats | Any, path: str | os.PathLike[str]) -> Path:
     wait and a step each): past them the file says how many were left out
     (``otherData.dropped_events``) and a warning says so.
 
-    >>> write_trace(Stats(), "/tmp/conveyor-trace.json").name
-    'conveyor-trace.json'
+    >>> import os, tempfile
+    >>> with tempfile.TemporaryDirectory() as folder:
+    ...     write_trace(Stats(), os.path.join(folder, "trace.json")).name
+    'trace.json'
     """
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
