@@ -611,9 +611,9 @@ def test_auto_that_settled_on_no_workers_starts_them_when_batches_get_costly(per
         between = children()  # workers that do not persist end with their epoch
         again = _all(loader)
     assert np.array_equal(np.concatenate(got), np.arange(8 * 64)) and np.array_equal(again, np.arange(8 * 64))
-    assert pinned is not None and pinned["num_workers"] == 0 and pinned["reason"].startswith("pinned")
+    assert pinned is not None and pinned["num_workers"] == 0 and pinned["reason"].startswith("fixed")
     assert stats["workers_started"] and stats["main_process_batches"] <= 24 + 32
-    assert tuned is not None and not tuned["reason"].startswith("pinned") and tuned["num_workers"] >= 1
+    assert tuned is not None and not tuned["reason"].startswith("fixed") and tuned["num_workers"] >= 1
     assert bool(between) == persistent
     assert not children()
 
@@ -1216,3 +1216,22 @@ def test_auto_takes_workers_up_again_when_batches_made_here_grow_costly_in_a_lat
     assert chosen is not None and chosen["num_workers"] == 0 and "the training loop waited" in chosen["reason"], chosen
     assert (second[:, 1] == me).all()
     assert (third[:, 1] != me).any()
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("make", [Tiny, Waits])
+def test_tuning_gives_the_settings_in_a_form_that_passes_back(make: Callable[[], Any],
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    # tuning() holds ``reason`` and ``settled`` beside the settings: DataLoader(**tuning())
+    # fails on them, so ``kwargs`` holds the settings alone
+    monkeypatch.setattr(conveyor.loader, "INLINE_MAX_S", 0.05)  # Tiny is cheap however busy the machine
+    with DataLoader(make(), batch_size=16, num_workers="auto", output="numpy") as loader:
+        first = _all(loader)
+        chosen = loader.tuning()
+    assert chosen is not None and chosen["reason"]
+    kwargs = chosen["kwargs"]
+    assert kwargs == {name: chosen[name] for name in ("num_workers", "fetch_threads", "prefetch_factor")}
+    with DataLoader(make(), batch_size=16, output="numpy", **kwargs) as again:
+        assert (again.num_workers, again.fetch_threads) == (kwargs["num_workers"], kwargs["fetch_threads"])
+        assert np.array_equal(_all(again), first)
+        assert again.tuning() is None  # nothing left to tune

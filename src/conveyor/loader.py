@@ -804,13 +804,17 @@ class DataLoader(Generic[T]):
                         # the reason argues for the wish (it read "memory allows 1" beside 2)
                         tuning["reason"] += (f"; {running} workers run, not {wish}: workers that started "
                                              "are kept to the end of the run")
+                # the settings alone, to pass back as they are: DataLoader(ds, **tuning["kwargs"])
+                tuning["kwargs"] = {name: tuning[name] for name in ("num_workers", "fetch_threads", "prefetch_factor")}
                 snap["tuning"] = tuning
         return snap
 
     def tuning(self) -> dict[str, Any] | None:
-        """What ``"auto"`` settled on (num_workers, fetch_threads, prefetch_factor, reason, settled).
-
-        Pass those values instead of ``"auto"`` to pin them for a reproducible run.
+        """What ``"auto"`` settled on: num_workers, fetch_threads, prefetch_factor, the
+        ``reason`` and whether it ``settled``; ``kwargs`` holds the three settings alone, to
+        pass back instead of ``"auto"`` for a reproducible run:
+        ``DataLoader(dataset, batch_size=..., **loader.tuning()["kwargs"])``. None without
+        "auto".
         """
         return self.stats().get("tuning")
 
