@@ -803,3 +803,41 @@ def test_report_of_epochs_that_ended_without_a_batch_does_not_ask_to_iterate() -
     assert list(loader) == [] and list(loader) == []
     assert loader.report().startswith("2 epoch(s) ended without a batch: the dataset is empty")
     assert DataLoader([1]).report().startswith("no batches yet")
+
+
+def test_the_timeline_shows_the_start_and_the_steady_state_a_few_dozen_batches_each() -> None:
+    # 240 batches drawn whole blurred their wait and step bars into stripes
+    from conveyor.report import _handed_times, timeline_windows
+
+    st = run(2, batch_s=0.03, step_s=0.01, batches=240)
+    handed = [t - st.started for t in _handed_times(st)]
+    assert len(handed) == 240
+    windows = timeline_windows(st, batches=32)
+    assert [w[0] for w in windows] == ["the start: batches 1-32", "steady state: batches 105-136"]
+    (_, a0, b0), (_, a1, b1) = windows
+    assert a0 == 0.0 and sum(a0 < t <= b0 for t in handed) == 32
+    assert sum(a1 < t <= b1 for t in handed) == 32 and a1 > b0
+    short = run(2, batch_s=0.03, step_s=0.01, batches=40)
+    assert [w[0] for w in timeline_windows(short, batches=32)] == ["all 40 batches"]
+
+
+def test_the_timeline_has_a_track_for_every_worker_and_names_the_setting(tmp_path: Path) -> None:
+    from conveyor.report import _given, _setting, _tracks
+    from conveyor.stats import LOOP
+
+    st = run(2, batch_s=0.03, step_s=0.01, batches=8)
+    # a worker that made no batch in the run (the third of three) still has its track
+    assert list(_tracks(st, 3)) == [LOOP, 0, 1, 2]
+    assert set(_tracks(st, 3)[0]) == {"fetch"} and not _tracks(st, 3)[2]
+    assert _setting({"num_workers": 2, "fetch_threads": 1, "prefetch_factor": 2}, 2) == "num_workers=2, prefetch_factor=2"
+    assert _setting({"num_workers": 0, "fetch_threads": 8, "prefetch_factor": None}) == "num_workers=0, fetch_threads=8"
+    assert (_setting({"num_workers": "auto", "fetch_threads": "auto", "prefetch_factor": "auto"}, 0)
+            == "num_workers='auto', fetch_threads='auto', prefetch_factor='auto' (0 workers ran)")
+    assert _setting(_given(conveyor.DataLoader(list(range(8)), num_workers=2, fetch_threads=4))) == \
+        "num_workers=2, fetch_threads=4, prefetch_factor=2"
+    pytest.importorskip("matplotlib")
+    with conveyor.DataLoader(list(range(64)), batch_size=4, num_workers=2, output="numpy") as loader:
+        for _ in loader:
+            pass
+        png = plot_timeline(loader, tmp_path / "timeline.png")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
