@@ -580,6 +580,11 @@ class DataLoader(Generic[T]):
     # -- iteration ----------------------------------------------------------
     def __iter__(self) -> Iterator[T]:
         if not self._stats.began:
+            if self.output == "torch" or self.seed is None:
+                # this iter() needs torch (tensors; torch's draw of the workers' base seed):
+                # imported before the clock starts, and timed apart. Inside, its ~1.7 s was
+                # the first batch's, and report() called it the workers' start-up
+                self._stats.torch_import_s = _torch.import_s()
             # the clock of first_batch_s, throughput and the trace starts here, not when the loader
             # was made: the model built and moved meanwhile (seconds) read as the workers' start-up
             self._stats.begin()

@@ -319,15 +319,17 @@ def report(snap: dict[str, Any], cores: int | None = None) -> str:
                 extra = f"; {_workers(need)} would hide the rest"
         parts.append(f"loading is mostly hidden: the consumer waited {_pct(wf)} of the time{extra}")
     else:
+        # the loop hardly waits: its own step sets the pace, which faster loading cannot change
+        head = f"the training step is the bottleneck: the loop waited for data {_pct(wf)} of the time"
         busy = [w.get("busy_fraction") for k, w in snap.get("workers", {}).items()
                 if int(k) >= 0 and w.get("busy_fraction") is not None]
         if nw > 1 and need is not None and need < nw:
             util = f" ({_pct(sum(busy) / len(busy))} busy)" if busy else ""
-            parts.append(f"workers are idle{util}; {_workers(need)} would do")
+            parts.append(f"{head}, and the workers are idle{util}; {_workers(need)} would do")
         elif nw == 0:
-            parts.append(f"loading is cheap: the consumer waited {_pct(wf)} of the time; num_workers=0 is fine")
+            parts.append(f"{head}; num_workers=0 is fine")
         else:
-            parts.append(f"loading is hidden: the consumer waited {_pct(wf)} of the time")
+            parts.append(f"{head}; faster loading would not speed training up")
 
     failures = snap.get("failures") or []
     if failures:
@@ -342,15 +344,24 @@ def report(snap: dict[str, Any], cores: int | None = None) -> str:
         parts.append(f"{restarts} worker restart(s){how}")
     first_s = snap.get("first_batch_s")
     step = snap.get("step_per_batch_s") or 0.0
-    if first_s is not None and first_s > 1.0 and first_s > 20 * max(step, mean):
+    said_first = any("first batch" in p for p in parts)  # (the start-up's share of the wait: its own numbers)
+    advised = any("persistent_workers=True" in p for p in parts)
+    if first_s is not None and first_s > 1.0 and first_s > 20 * max(step, mean) and not said_first:
         if nw > 0 and snap.get("persistent_workers"):
             parts.append(f"the first batch took {first_s:.1f} s (worker start-up), paid once: the workers persist")
-        elif nw > 0:
+        elif nw > 0 and not advised:
             parts.append(f"the first batch took {first_s:.1f} s (worker start-up); persistent_workers=True pays "
                          "it once instead of every epoch")
+        elif nw > 0:
+            parts.append(f"the first batch took {first_s:.1f} s (worker start-up)")
         else:
             parts.append(f"the first batch took {first_s:.1f} s: one-time costs of the first samples "
                          "(opening files, first imports), paid once")
+    imported = snap.get("torch_import_s")
+    if imported is not None and imported >= 0.1:
+        # timed apart from the loader's clock (it read as the workers' start-up)
+        parts.append(f"importing torch took {imported:.1f} s before the first batch (once per process, outside "
+                     "the loader's times)")
     return ". ".join(p[0].upper() + p[1:] if i else p for i, p in enumerate(parts)) + "."
 
 
