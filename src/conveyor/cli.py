@@ -601,8 +601,10 @@ def parser() -> argparse.ArgumentParser:
     t.add_argument("factory", metavar="MODULE:FACTORY", help="e.g. mydata:make_dataset (imported from the cwd)")
     t.add_argument("--batch-size", type=int, required=True, metavar="N",
                    help="samples per batch, as your training uses (required)")
-    t.add_argument("--workers", type=_ints, default=[0, 1, 2, 4], metavar="N,N,...", help="default 0,1,2,4")
-    t.add_argument("--fetch-threads", type=_positive_ints, default=[1, 8], metavar="N,N,...", help="default 1,8")
+    t.add_argument("--workers", type=_ints, default=[0, 1, 2, 4], metavar="N,N,...",
+                   help="num_workers values to sweep (default 0,1,2,4)")
+    t.add_argument("--fetch-threads", type=_positive_ints, default=[1, 8], metavar="N,N,...",
+                   help="fetch_threads values to sweep, each with every worker count (default 1,8)")
     t.add_argument("--batches", type=int, default=50, help="batches timed per setting (default 50)")
     t.add_argument("--step-ms", type=float, default=0.0,
                    help="sleep this long after each batch, standing in for a training step (default 0)")
