@@ -837,10 +837,13 @@ def test_the_timeline_has_a_track_for_every_worker_and_names_the_setting(tmp_pat
     # a worker that made no batch in the run (the third of three) still has its track
     assert list(_tracks(st, 3)) == [LOOP, 0, 1, 2]
     assert set(_tracks(st, 3)[0]) == {"fetch"} and not _tracks(st, 3)[2]
-    assert _setting({"num_workers": 2, "fetch_threads": 1, "prefetch_factor": 2}, 2) == "num_workers=2, prefetch_factor=2"
+    assert _setting({"num_workers": 2, "fetch_threads": 1, "prefetch_factor": 2}) == "num_workers=2, prefetch_factor=2"
     assert _setting({"num_workers": 0, "fetch_threads": 8, "prefetch_factor": None}) == "num_workers=0, fetch_threads=8"
-    assert (_setting({"num_workers": "auto", "fetch_threads": "auto", "prefetch_factor": "auto"}, 0)
-            == "num_workers='auto', fetch_threads='auto', prefetch_factor='auto' (0 workers ran)")
+    ran = {"batches": 40, "main_process_batches": 2, "workers": {-1: {"batches": 2}, 0: {"batches": 38}}}
+    assert (_setting({"num_workers": "auto", "fetch_threads": "auto", "prefetch_factor": "auto"}, ran)
+            == "num_workers='auto', fetch_threads='auto', prefetch_factor='auto' (1 worker ran)")
+    assert (_setting({"num_workers": 2, "fetch_threads": 1, "prefetch_factor": 2}, ran)
+            == "num_workers=2, prefetch_factor=2 (2 of 40 batches made in the main process)")
     assert _setting(_given(conveyor.DataLoader(list(range(8)), num_workers=2, fetch_threads=4))) == \
         "num_workers=2, fetch_threads=4, prefetch_factor=2"
     pytest.importorskip("matplotlib")

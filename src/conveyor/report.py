@@ -421,22 +421,25 @@ def timeline_windows(stats: Stats | Any, batches: int = WINDOW) -> list[tuple[st
             (f"steady state: batches {middle + 1}-{middle + batches}", handed[middle - 1], handed[middle + batches - 1])]
 
 
-def _setting(given: dict[str, Any], running: int | None = None) -> str:
-    """The settings a loader was given (``"auto"`` for those it tunes), in words for a title;
-    ``running``: the workers that ran, where not those given (``adaptive`` kept the batches
-    in the main process, or "auto" chose)."""
+def _setting(given: dict[str, Any], snap: dict[str, Any] | None = None) -> str:
+    """The settings a loader was given (``"auto"`` for those it tunes), in words for a title,
+    with what ran where it differs (``snap``: its ``stats()``): the workers "auto" ran, or the
+    batches the main process made in place of the workers given."""
     nw = given.get("num_workers")
     if nw is None:
         return ""
     said = f"num_workers={nw!r}" if nw == "auto" else f"num_workers={nw}"
-    if given.get("fetch_threads") not in (None, 1):
-        said += f", fetch_threads={given['fetch_threads']!r}" if given["fetch_threads"] == "auto" else \
-            f", fetch_threads={given['fetch_threads']}"
-    if nw and given.get("prefetch_factor") is not None:
-        said += f", prefetch_factor={given['prefetch_factor']!r}" if given["prefetch_factor"] == "auto" else \
-            f", prefetch_factor={given['prefetch_factor']}"
-    if running is not None and running != nw:
-        said += f" ({_workers(running)} ran)"
+    for name in ("fetch_threads", "prefetch_factor"):
+        value = given.get(name)
+        if value is not None and (name != "fetch_threads" or value != 1) and (name != "prefetch_factor" or nw):
+            said += f", {name}={value!r}" if value == "auto" else f", {name}={value}"
+    snap = snap or {}
+    batches, here = snap.get("batches") or 0, snap.get("main_process_batches") or 0
+    if nw == "auto" and batches:
+        ran = sum(1 for k, w in snap.get("workers", {}).items() if int(k) >= 0 and w.get("batches"))
+        said += f" ({_workers(ran)} ran)"
+    elif nw and here:
+        said += f" ({here} of {batches} batches made in the main process)"
     return said
 
 
@@ -477,9 +480,12 @@ def plot_timeline(stats: Stats | Any, path: str | os.PathLike[str], *, setting: 
     st = _stats_of(stats)
     snapshot = getattr(stats, "stats", None)  # a loader's: its settings (a bare Stats has none)
     snap = snapshot() if callable(snapshot) else {}
+    given = _given(stats) if snap else {}
     if setting is None:
-        setting = _setting(_given(stats), snap.get("num_workers")) if snap else ""
-    rows = _tracks(st, int(snap.get("num_workers") or 0))
+        setting = _setting(given, snap) if snap else ""
+    # a track for each worker given (adaptive may have kept their batches here), or that ran
+    tracks = given.get("num_workers") if isinstance(given.get("num_workers"), int) else snap.get("num_workers")
+    rows = _tracks(st, int(tracks or 0))
     order = list(rows)
     windows = timeline_windows(st, batches)
     fig, axes = plt.subplots(1, len(windows), sharey=True, squeeze=False,
