@@ -203,10 +203,11 @@ def build_images(family: str, quick: bool) -> Setup:
 # ---------------------------------------------------------------- jpeg
 
 def jpeg_dir(n: int) -> Path:
-    """``n`` random JPEGs of 256..320 px a side, made once and cached in /tmp."""
+    """``n`` random JPEGs of 256..320 px a side, made once and cached in the folder named by
+    ``CONVEYOR_BENCH_CACHE`` (the system temp folder when unset; tests give their own)."""
     from PIL import Image
 
-    root = Path(tempfile.gettempdir()) / f"conveyor_bench_jpeg_{n}"
+    root = Path(os.environ.get("CONVEYOR_BENCH_CACHE") or tempfile.gettempdir()) / f"conveyor_bench_jpeg_{n}"
     done = root / "DONE"
     if done.exists():
         return root

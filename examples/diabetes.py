@@ -1,16 +1,18 @@
 """The classic diabetes example (759 rows, 8 features, a 0/1 label) on conveyor.
 
-It writes its own CSV (synthetic, same shape as the well-known file), reads it
-once with ``CSVDataset`` and trains the 8-6-4-1 sigmoid MLP with BCELoss and
-SGD, as in the tutorial; then times the same loop for a few worker counts.
+It reads a diabetes CSV once with ``CSVDataset`` (given with ``--csv``; without
+it, a synthetic one of the same shape, written to a temporary folder that is
+removed at the end) and trains the 8-6-4-1 sigmoid MLP with BCELoss and SGD, as
+in the tutorial; then times the same loop for a few worker counts.
 
-    python examples/diabetes.py [--epochs 100] [--csv ./diabetes.csv]
+    python examples/diabetes.py [--epochs 100] [--csv path/to/diabetes.csv]
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import tempfile
 import time
 
 import numpy as np
@@ -56,19 +58,25 @@ def train(loader: DataLoader, epochs: int) -> tuple[float, float]:
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
-    return time.perf_counter() - start, float(loss)
+    return time.perf_counter() - start, loss.detach().item()  # (float(loss) warns of its grad)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--csv", default="./diabetes.csv")
+    ap.add_argument("--csv", default=None,
+                    help="a diabetes CSV to read (default: a synthetic one, in a temporary folder)")
     ap.add_argument("--epochs", type=int, default=100)
-    ap.add_argument("--workers", default="0,1,2")
+    ap.add_argument("--workers", default="0,1,2", help="worker counts to time, comma-separated")
     args = ap.parse_args()
-    if not os.path.exists(args.csv):
-        write_csv(args.csv)
-    dataset = CSVDataset(args.csv)  # features (759, 8), labels (759, 1), float32
-    print(f"{len(dataset)} samples from {args.csv}")
+    if args.csv is None:
+        with tempfile.TemporaryDirectory(prefix="diabetes-") as folder:
+            path = os.path.join(folder, "diabetes.csv")
+            write_csv(path)
+            dataset = CSVDataset(path)  # read whole: the file is no longer needed
+        print(f"{len(dataset)} samples of synthetic diabetes-shaped data")
+    else:
+        dataset = CSVDataset(args.csv)  # features (759, 8), labels (759, 1), float32
+        print(f"{len(dataset)} samples from {args.csv}")
     for workers in [int(w) for w in args.workers.split(",")]:
         with DataLoader(dataset, batch_size=32, shuffle=True, num_workers=workers,
                         persistent_workers=workers > 0, seed=0) as loader:

@@ -3,7 +3,9 @@
 Spawned workers import test datasets by module name, so ``tests/`` and
 ``src/`` go on ``sys.path`` (and on ``PYTHONPATH`` for scripts run in a
 subprocess). multiprocessing's resource tracker is started once up front, so
-that leak snapshots taken inside tests already count it.
+that leak snapshots taken inside tests already count it. The system temp
+folder is a private one for the session, checked at its end for conveyor's
+leftovers.
 """
 
 from __future__ import annotations
@@ -11,6 +13,8 @@ from __future__ import annotations
 import multiprocessing.resource_tracker
 import os
 import sys
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -26,7 +30,29 @@ os.environ["PYTHONPATH"] = os.pathsep.join(
 
 
 @pytest.fixture(scope="session", autouse=True)
-def _resource_tracker() -> None:
+def _private_temp(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """The system temp folder, for this session and the processes it starts, is a fresh
+    folder of its own; whatever conveyor leaves there fails the run. Tests write under their
+    ``tmp_path``: a file left in the shared temp folder outlives the run (a fixed name, read
+    by the next run as its own, or by another user's) and another session's would be
+    counted here as this one's."""
+    folder = tmp_path_factory.mktemp("system-temp")
+    before = os.environ.get("TMPDIR"), tempfile.tempdir
+    os.environ["TMPDIR"] = tempfile.tempdir = str(folder)
+    try:
+        yield folder
+    finally:
+        if before[0] is None:
+            os.environ.pop("TMPDIR", None)
+        else:
+            os.environ["TMPDIR"] = before[0]
+        tempfile.tempdir = before[1]
+    left = sorted(p.name for p in folder.iterdir() if p.name.startswith("conveyor"))
+    assert not left, f"the tests left {left} in the temp folder ({folder}): tests write under tmp_path"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _resource_tracker(_private_temp: Path) -> None:
     multiprocessing.resource_tracker.ensure_running()
 
 

@@ -22,6 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_quick_run_writes_reports(tmp_path: Path) -> None:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT / "src"), env.get("PYTHONPATH", "")) if p)
+    env["CONVEYOR_BENCH_CACHE"] = str(tmp_path / "cache")  # the jpeg scenario's images: not in the temp folder
     proc = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / "run.py"), "--quick", "--out", str(tmp_path), "--name", "smoke"],
         capture_output=True, text=True, timeout=280, env=env, cwd=ROOT)
@@ -177,3 +178,11 @@ def test_a_scenario_can_fix_glibcs_thresholds_for_every_loader_and_says_so() -> 
     fixed, left = text.split("## fixed")[1].split("## left")
     assert "thresholds fixed in every run of every loader" in fixed
     assert "thresholds fixed" not in left
+
+
+def test_the_jpeg_images_are_made_in_the_folder_given(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # the quick run left conveyor_bench_jpeg_64 in the system temp folder after the suite
+    monkeypatch.setenv("CONVEYOR_BENCH_CACHE", str(tmp_path))
+    root = _bench_module("scenarios").jpeg_dir(2)
+    assert root == tmp_path / "conveyor_bench_jpeg_2"
+    assert sorted(p.name for p in root.iterdir()) == ["00000.jpg", "00001.jpg", "DONE"]

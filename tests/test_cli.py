@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import re
@@ -15,6 +16,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+import conveyor as conveyor_pkg
 from conveyor import cli
 
 SRC = str(Path(cli.__file__).resolve().parents[1])
@@ -330,3 +332,33 @@ def test_tune_sweeps_past_bad_samples_with_on_error_skip(tmp_path: Path, monkeyp
     capsys.readouterr()
     assert tune_numpy("somebad:make", "--on-error", "skip") == 0
     assert "on_error='skip'" in capsys.readouterr().out
+
+
+def test_version_names_the_package(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit:
+        cli.main(["--version"])
+    assert exit.value.code == 0
+    assert capsys.readouterr().out.strip() == f"conveyor {conveyor_pkg.__version__}"
+
+
+def test_every_option_says_what_it_does() -> None:
+    # tune's --batch-size (required), --worker-type and --output had no text in --help
+    top = cli.parser()
+    commands = next(a for a in top._actions if isinstance(a, argparse._SubParsersAction)).choices
+    for name, sub in [("conveyor", top), *commands.items()]:
+        for action in sub._actions:
+            if action.option_strings:
+                assert action.help, (name, action.option_strings)
+    batch = next(a for a in commands["tune"]._actions if "--batch-size" in a.option_strings)
+    assert batch.required and "required" in batch.help
+
+
+def test_help_says_where_the_demo_experiment_comes_from(capsys: pytest.CaptureFixture[str]) -> None:
+    # "the seed's diabetes experiment" read as a random seed
+    for argv in (["--help"], ["demo", "--help"]):
+        with pytest.raises(SystemExit):
+            cli.main(argv)
+        out = " ".join(capsys.readouterr().out.split())
+        assert "seed" not in out, out
+        assert "diabetes example of a published PyTorch DataLoader tutorial" in out, out
+        assert "every added worker made training slower" in out, out

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -107,17 +109,19 @@ def test_report_io_bound_with_threads_never_suggests_fewer() -> None:
 
 def test_report_idle_workers() -> None:
     text = report(snap(run(8, batch_s=0.01, step_s=0.01), 8), cores=8)
-    assert text.startswith("workers are idle") and "; 1 worker would do" in text
+    assert text.startswith("the training step is the bottleneck: the loop waited for data")
+    assert "the workers are idle" in text and "; 1 worker would do" in text
 
 
 def test_report_hidden() -> None:
     text = report(snap(run(2, batch_s=0.019, step_s=0.01, wait_s=0.0002), 2), cores=8)
-    assert text == "loading is hidden: the consumer waited 2% of the time."
+    assert text == ("the training step is the bottleneck: the loop waited for data 2% of the time; faster loading "
+                    "would not speed training up.")
 
 
 def test_report_cheap_inline_and_no_batches() -> None:
     text = report(snap(run(0, batch_s=0.0002, step_s=0.01), 0), cores=8)
-    assert text.startswith("loading is cheap: the consumer waited 2% of the time")
+    assert text == "the training step is the bottleneck: the loop waited for data 2% of the time; num_workers=0 is fine."
     assert report({"batches": 0}).startswith("no batches yet")
 
 
@@ -731,14 +735,18 @@ def test_a_pause_after_an_epoch_left_early_is_no_training_step(num_workers: int)
         for i, _ in enumerate(loader):
             if i == 3:
                 break
+        p0 = time.perf_counter()
         time.sleep(0.5)
+        pause = time.perf_counter() - p0
         for _ in loader:
             time.sleep(0.001)
-        wall = time.perf_counter() - t0
         s = loader.stats()
+        wall = time.perf_counter() - t0
     assert s["batches"] == 20 and s["steps"] == 3 + 15
-    assert s["step_s"] < 0.25, s["step_s"]  # 18 steps of ~1 ms, not the 0.5 s pause
-    assert s["elapsed_s"] < wall - 0.4, (s["elapsed_s"], wall)
+    # the steps and the loader's time fit in the run less the pause, however long a busy
+    # machine makes each (counted, the pause would be in them: neither fits)
+    assert s["step_s"] <= wall - pause, (s["step_s"], wall, pause)
+    assert s["elapsed_s"] <= wall - pause, (s["elapsed_s"], wall, pause)
 
 
 @pytest.mark.timeout(60)
@@ -803,3 +811,108 @@ def test_report_of_epochs_that_ended_without_a_batch_does_not_ask_to_iterate() -
     assert list(loader) == [] and list(loader) == []
     assert loader.report().startswith("2 epoch(s) ended without a batch: the dataset is empty")
     assert DataLoader([1]).report().startswith("no batches yet")
+
+
+def test_the_timeline_shows_the_start_and_the_steady_state_a_few_dozen_batches_each() -> None:
+    # 240 batches drawn whole blurred their wait and step bars into stripes
+    from conveyor.report import _handed_times, timeline_windows
+
+    st = run(2, batch_s=0.03, step_s=0.01, batches=240)
+    handed = [t - st.started for t in _handed_times(st)]
+    assert len(handed) == 240
+    windows = timeline_windows(st, batches=32)
+    assert [w[0] for w in windows] == ["the start: batches 1-32", "steady state: batches 105-136"]
+    (_, a0, b0), (_, a1, b1) = windows
+    assert a0 == 0.0 and sum(a0 < t <= b0 for t in handed) == 32
+    assert sum(a1 < t <= b1 for t in handed) == 32 and a1 > b0
+    short = run(2, batch_s=0.03, step_s=0.01, batches=40)
+    assert [w[0] for w in timeline_windows(short, batches=32)] == ["all 40 batches"]
+
+
+def test_the_timeline_has_a_track_for_every_worker_and_names_the_setting(tmp_path: Path) -> None:
+    from conveyor.report import _given, _setting, _tracks
+    from conveyor.stats import LOOP
+
+    st = run(2, batch_s=0.03, step_s=0.01, batches=8)
+    # a worker that made no batch in the run (the third of three) still has its track
+    assert list(_tracks(st, 3)) == [LOOP, 0, 1, 2]
+    assert set(_tracks(st, 3)[0]) == {"fetch"} and not _tracks(st, 3)[2]
+    assert _setting({"num_workers": 2, "fetch_threads": 1, "prefetch_factor": 2}) == "num_workers=2, prefetch_factor=2"
+    assert _setting({"num_workers": 0, "fetch_threads": 8, "prefetch_factor": None}) == "num_workers=0, fetch_threads=8"
+    ran = {"batches": 40, "main_process_batches": 2, "workers": {-1: {"batches": 2}, 0: {"batches": 38}}}
+    assert (_setting({"num_workers": "auto", "fetch_threads": "auto", "prefetch_factor": "auto"}, ran)
+            == "num_workers='auto', fetch_threads='auto', prefetch_factor='auto' (1 worker ran)")
+    assert (_setting({"num_workers": 2, "fetch_threads": 1, "prefetch_factor": 2}, ran)
+            == "num_workers=2, prefetch_factor=2 (2 of 40 batches made in the main process)")
+    assert _setting(_given(conveyor.DataLoader(list(range(8)), num_workers=2, fetch_threads=4))) == \
+        "num_workers=2, fetch_threads=4, prefetch_factor=2"
+    pytest.importorskip("matplotlib")
+    with conveyor.DataLoader(list(range(64)), batch_size=4, num_workers=2, output="numpy") as loader:
+        for _ in loader:
+            pass
+        png = plot_timeline(loader, tmp_path / "timeline.png")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_report_advises_persistent_workers_once_and_gives_the_first_batch_one_set_of_numbers() -> None:
+    # "52% of the wait (0.10 s) is for each epoch's first batch ... persistent_workers=True
+    # pays it once. The first batch took 2.7 s (worker start-up); persistent_workers=True
+    # pays it once": two numbers of one thing that disagree, and the advice twice
+    text = report(_in_workers(40, first_waits_s=0.1, first_batch_s=2.7), cores=8)
+    assert "83% of the wait (0.10 s) is for each epoch's first batch" in text, text
+    assert "2.7 s" not in text and text.count("persistent_workers=True") == 1, text
+    # the main process kept the batches: its advice names persistent_workers, the first batch does not again
+    kept = snap(run(0, batch_s=0.004, step_s=0.002), 2, workers_not_started="a worker's batch costs more",
+                first_batch_s=2.7)
+    text = report(kept, cores=8)
+    assert text.count("persistent_workers=True") == 1 and "The first batch took 2.7 s (worker start-up)" in text, text
+
+
+def test_report_names_the_torch_import_and_not_the_workers_start_up() -> None:
+    # a numpy dataset with torch output: the first iter() imports torch (~1.7 s), which the
+    # first batch paid and report() called the workers' start-up
+    s = snap(run(2, batch_s=0.019, step_s=0.01, wait_s=0.0002), 2, first_batch_s=0.02, torch_import_s=1.7)
+    text = report(s, cores=8)
+    assert "Importing torch took 1.7 s before the first batch (once per process" in text, text
+    assert "start-up" not in text and "persistent_workers" not in text, text
+
+
+TORCH_BEFORE_THE_CLOCK = """
+import sys
+import numpy as np
+import conveyor
+from conveyor.stats import Stats
+
+class Rows:
+    def __len__(self):
+        return 64
+    def __getitem__(self, i):
+        return np.full(4, i, dtype=np.float32)
+
+begin = Stats.begin
+seen = []
+def noting(self):
+    seen.append("torch" in sys.modules)
+    begin(self)
+Stats.begin = noting
+assert "torch" not in sys.modules
+with conveyor.DataLoader(Rows(), batch_size=8, num_workers=%d) as loader:  # output: torch's tensors
+    batches = [b for b in loader]
+    s = loader.stats()
+assert type(batches[0]).__module__.startswith("torch"), type(batches[0])
+assert seen == [True], seen  # torch was there when the clock started
+assert s["torch_import_s"] is not None and s["torch_import_s"] > 0, s["torch_import_s"]
+print("OK")
+"""
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("workers", [0, 2])
+def test_the_first_iter_imports_torch_before_the_loaders_clock_starts(tmp_path: Path, workers: int,
+                                                                      script_env: dict[str, str]) -> None:
+    pytest.importorskip("torch")
+    path = tmp_path / "first_import.py"
+    path.write_text(TORCH_BEFORE_THE_CLOCK % workers)
+    proc = subprocess.run([sys.executable, str(path)], capture_output=True, text=True, env=script_env,
+                          timeout=110, cwd=tmp_path)
+    assert proc.returncode == 0 and "OK" in proc.stdout, proc.stderr[-3000:]

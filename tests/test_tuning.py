@@ -221,7 +221,7 @@ def test_pin_round_trip_and_pinned_decisions_do_not_move() -> None:
     tuner = Tuner(cpu=8, ram=None)
     pinned = tuner.pin(d.to_dict())
     assert (pinned.num_workers, pinned.fetch_threads, pinned.prefetch_factor) == (3, 8, 4)
-    assert pinned.settled and pinned.reason.startswith("pinned")
+    assert pinned.settled and pinned.reason.startswith("fixed")
     tuner.observe(Sim(Workload(0.0001, 0.0, 0.01, 8), Decision(3, 8, 4)).run(64))
     assert tuner.decision() == pinned
     assert pinned.loader_kwargs() == {"num_workers": 3, "fetch_threads": 8, "prefetch_factor": 4}

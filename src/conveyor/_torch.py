@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.util
 import sys
+import time
 from types import ModuleType
 
 _available: bool | None = None
@@ -28,6 +29,19 @@ def get() -> ModuleType | None:
     import torch
 
     return torch
+
+
+def import_s() -> float | None:
+    """Import torch now, if installed and not imported yet: the seconds that took (None:
+    nothing to import). Waits for an import under way in another thread."""
+    if not available():
+        return None
+    if "torch" in sys.modules:
+        loaded()
+        return None
+    t0 = time.perf_counter()
+    get()
+    return time.perf_counter() - t0
 
 
 _ready: ModuleType | None = None  # torch, once seen whole

@@ -34,11 +34,14 @@ from .stats import write_trace
 __all__ = ["Diabetes", "main", "make_diabetes"]
 
 ROWS, FEATURES, BATCH, LR = 759, 8, 32, 0.01
+EXPERIMENT = ("the diabetes example of a published PyTorch DataLoader tutorial, in which every added "
+              "worker made training slower")
 
 
 # -- the built-in data set ----------------------------------------------------
 def make_diabetes(rows: int = ROWS, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    """Deterministic stand-in for the seed's diabetes.csv: ``rows`` x 8 float32 features in [-1, 1], 0/1 labels.
+    """Deterministic stand-in for the diabetes.csv of a published PyTorch DataLoader tutorial
+    (the demo's experiment): ``rows`` x 8 float32 features in [-1, 1], 0/1 labels.
 
     >>> x, y = make_diabetes(); x.shape, y.shape, x.dtype.name
     ((759, 8), (759, 1), 'float32')
@@ -54,7 +57,7 @@ def make_diabetes(rows: int = ROWS, seed: int = 0) -> tuple[np.ndarray, np.ndarr
 class Diabetes:
     """The demo's map-style data set: ``(features, label)`` pairs, torch tensors when torch is installed.
 
-    Like the seed's ``DiabetesDataset`` (a ``torch.utils.data.Dataset``): ``__getitem__`` and ``__len__``.
+    Like that tutorial's ``DiabetesDataset`` (a ``torch.utils.data.Dataset``): ``__getitem__`` and ``__len__``.
 
     >>> ds = Diabetes(tensors=False); len(ds), ds[0][0].shape
     (759, (8,))
@@ -80,9 +83,9 @@ class Diabetes:
         return self.len
 
 
-# -- the seed's model -----------------------------------------------------------
+# -- the tutorial's model -------------------------------------------------------
 def _torch_step() -> Callable[[Any, Any], float]:
-    """The seed's 8-6-4-1 sigmoid MLP, BCELoss, SGD(lr=0.01): returns ``step(x, y) -> loss``."""
+    """The tutorial's 8-6-4-1 sigmoid MLP, BCELoss, SGD(lr=0.01): returns ``step(x, y) -> loss``."""
     torch = _torch.get()
     assert torch is not None
     torch.manual_seed(0)
@@ -321,7 +324,7 @@ def _demo(args: argparse.Namespace) -> int:
     ds = Diabetes(tensors=has_torch)
     output = "torch" if has_torch else "numpy"
     make_step = _torch_step if has_torch else _numpy_step
-    print(f"conveyor demo: the seed's diabetes experiment on built-in data ({len(ds)} x {FEATURES} float32 + label), "
+    print(f"conveyor demo: {EXPERIMENT}, on built-in data ({len(ds)} x {FEATURES} float32 + label), "
           f"batch {BATCH}, shuffle, 8-6-4-1 sigmoid MLP, BCELoss, SGD lr {LR}, {epochs} epoch(s)")
     if has_torch:
         print(f"the model runs on {args.torch_threads} torch intra-op thread(s) (--torch-threads; torch's default, "
@@ -594,11 +597,14 @@ def _batch_len(batch: Any, default: int) -> int:
 
 # -- entry point ------------------------------------------------------------------
 def parser() -> argparse.ArgumentParser:
+    from . import __version__
+
     p = argparse.ArgumentParser(
         prog="conveyor",
         description="conveyor: a fast, self-tuning drop-in for torch.utils.data.DataLoader.",
         epilog="commands:\n"
-               "  demo   train the seed's diabetes MLP on built-in data with torch's DataLoader and with\n"
+               "  demo   rerun the diabetes example of a published PyTorch DataLoader tutorial, in which\n"
+               "         every added worker made training slower, on built-in data: torch's DataLoader and\n"
                "         conveyor at several worker counts; print the table, the auto choice and where the\n"
                "         time went; write a Perfetto trace and PNG plots. Needs no data.\n"
                "  tune   sweep num_workers x fetch_threads over YOUR dataset (MODULE:FACTORY returns it)\n"
@@ -608,11 +614,12 @@ def parser() -> argparse.ArgumentParser:
                "  conveyor tune mydata:make_dataset --batch-size 64 --workers 0,2,4 --fetch-threads 1,8",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    p.add_argument("--version", action="version", version=f"conveyor {__version__}")
     sub = p.add_subparsers(dest="command", metavar="{demo,tune}")
     d = sub.add_parser("demo", help="compare torch's DataLoader and conveyor on the built-in diabetes data",
-                       description="Reproduce the seed's diabetes experiment (759 x 8 float32 + label, batch 32, "
-                                   "shuffle, 8-6-4-1 sigmoid MLP, BCELoss, SGD lr 0.01) on built-in synthetic "
-                                   "data with torch's DataLoader and conveyor at each worker count.")
+                       description=f"Rerun {EXPERIMENT} (759 x 8 float32 + label, batch 32, shuffle, 8-6-4-1 "
+                                   "sigmoid MLP, BCELoss, SGD lr 0.01) on built-in synthetic data with torch's "
+                                   "DataLoader and conveyor at each worker count.")
     d.add_argument("--workers", type=_ints, default=None, metavar="N,N,...",
                    help="worker counts to compare (default 0,1,2,4; 0,1 with --quick)")
     d.add_argument("--epochs", type=_positive, default=None, help="epochs per run (default 10, 1 with --quick)")
@@ -628,15 +635,22 @@ def parser() -> argparse.ArgumentParser:
                        description="Import MODULE, call FACTORY() for a dataset, and time conveyor's DataLoader "
                                    "for every num_workers x fetch_threads pair (loading only, unless --step-ms adds a simulated training step).")
     t.add_argument("factory", metavar="MODULE:FACTORY", help="e.g. mydata:make_dataset (imported from the cwd)")
-    t.add_argument("--batch-size", type=int, required=True)
-    t.add_argument("--workers", type=_ints, default=[0, 1, 2, 4], metavar="N,N,...", help="default 0,1,2,4")
-    t.add_argument("--fetch-threads", type=_positive_ints, default=[1, 8], metavar="N,N,...", help="default 1,8")
+    t.add_argument("--batch-size", type=int, required=True, metavar="N",
+                   help="samples per batch, as your training uses (required)")
+    t.add_argument("--workers", type=_ints, default=[0, 1, 2, 4], metavar="N,N,...",
+                   help="num_workers values to sweep (default 0,1,2,4)")
+    t.add_argument("--fetch-threads", type=_positive_ints, default=[1, 8], metavar="N,N,...",
+                   help="fetch_threads values to sweep, each with every worker count (default 1,8)")
     t.add_argument("--batches", type=int, default=50, help="batches timed per setting (default 50)")
     t.add_argument("--step-ms", type=float, default=0.0,
                    help="sleep this long after each batch, standing in for a training step (default 0)")
     t.add_argument("--shuffle", action="store_true", help="shuffle, as training would")
-    t.add_argument("--worker-type", choices=["process", "thread"], default="process")
-    t.add_argument("--output", choices=["torch", "numpy"], default=None)
+    t.add_argument("--worker-type", choices=["process", "thread"], default="process",
+                   help="process: worker processes, as torch's (default); thread: worker threads in this "
+                        "process, for datasets that release the GIL or cannot be copied into a process")
+    t.add_argument("--output", choices=["torch", "numpy"], default=None,
+                   help="what the batches are made of: torch tensors or numpy arrays (default torch when "
+                        "torch is installed, else numpy)")
     t.add_argument("--on-error", choices=["raise", "skip"], default="raise",
                    help="skip: leave bad samples out of their batch, as DataLoader(on_error='skip') does, so "
                         "a dataset with a few unreadable files can be swept (default raise)")

@@ -584,6 +584,11 @@ class DataLoader(Generic[T]):
     # -- iteration ----------------------------------------------------------
     def __iter__(self) -> Iterator[T]:
         if not self._stats.began:
+            if self.output == "torch" or self.seed is None:
+                # this iter() needs torch (tensors; torch's draw of the workers' base seed):
+                # imported before the clock starts, and timed apart. Inside, its ~1.7 s was
+                # the first batch's, and report() called it the workers' start-up
+                self._stats.torch_import_s = _torch.import_s()
             # the clock of first_batch_s, throughput and the trace starts here, not when the loader
             # was made: the model built and moved meanwhile (seconds) read as the workers' start-up
             self._stats.begin()
@@ -808,6 +813,8 @@ class DataLoader(Generic[T]):
                         # the reason argues for the wish (it read "memory allows 1" beside 2)
                         tuning["reason"] += (f"; {running} workers run, not {wish}: workers that started "
                                              "are kept to the end of the run")
+                # the settings alone, to pass back as they are: DataLoader(ds, **tuning["kwargs"])
+                tuning["kwargs"] = {name: tuning[name] for name in ("num_workers", "fetch_threads", "prefetch_factor")}
                 snap["tuning"] = tuning
         return snap
 
@@ -824,9 +831,11 @@ class DataLoader(Generic[T]):
             warnings.warn(f"conveyor: {words} (loader.report() says more)", SlowSettingWarning, stacklevel=4)
 
     def tuning(self) -> dict[str, Any] | None:
-        """What ``"auto"`` settled on (num_workers, fetch_threads, prefetch_factor, reason, settled).
-
-        Pass those values instead of ``"auto"`` to pin them for a reproducible run.
+        """What ``"auto"`` settled on: num_workers, fetch_threads, prefetch_factor, the
+        ``reason`` and whether it ``settled``; ``kwargs`` holds the three settings alone, to
+        pass back instead of ``"auto"`` for a reproducible run:
+        ``DataLoader(dataset, batch_size=..., **loader.tuning()["kwargs"])``. None without
+        "auto".
         """
         return self.stats().get("tuning")
 
@@ -1305,17 +1314,19 @@ def _digested(batches: Iterator[Any], digests: array.array, d: int, learn: tuple
 
 
 class _CpuTimed:
-    """``fn`` called with the CPU seconds this thread spends in it added up (``cpu_s``)."""
+    """``fn`` called with the CPU seconds this thread spends in it added up (``cpu_s``), read
+    on ``clock``: the clock of the batch it runs inside, so that what it takes away from that
+    batch is what it added (a fetcher's clock counts the thread's waits for a core too)."""
 
-    def __init__(self, fn: Callable[..., None]) -> None:
-        self.fn, self.cpu_s = fn, 0.0
+    def __init__(self, fn: Callable[..., None], clock: Callable[[], float] = time.thread_time) -> None:
+        self.fn, self.clock, self.cpu_s = fn, clock, 0.0
 
     def __call__(self, *args: Any) -> None:
-        c0 = time.thread_time()
+        c0 = self.clock()
         try:
             self.fn(*args)
         finally:
-            self.cpu_s += time.thread_time() - c0
+            self.cpu_s += self.clock() - c0
 
 
 def _typical(costs: list[float]) -> float:
@@ -1799,7 +1810,7 @@ class _Pool:
             # batches while this one, the second opinion, is made here
             start()
             start = None
-        forking = None if start is None else _CpuTimed(start)  # the workers' start, from the watch
+        forking = None if start is None else _CpuTimed(start, local.cpu_clock)  # the workers' start, from the watch
         if forking is not None:
             local.watch = (SLOW_S, self._early_check(forking, t0, cpu0, rq0, first=not self.inline_costs))
         try:

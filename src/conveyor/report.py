@@ -23,7 +23,7 @@ from typing import Any
 from .stats import INLINE, LOOP, Stats, _stats_of
 from .tuning import cpu_share
 
-__all__ = ["plot_sweep", "plot_timeline", "report", "workers_lose", "workers_needed"]
+__all__ = ["plot_sweep", "plot_timeline", "report", "timeline_windows", "workers_lose", "workers_needed"]
 
 HIDDEN = 0.05  # the consumer waiting less than this is "hidden"
 BOTTLENECK = 0.10
@@ -364,15 +364,17 @@ def report(snap: dict[str, Any], cores: int | None = None) -> str:
                 extra = f"; {_workers(need)} would hide the rest"
         parts.append(f"loading is mostly hidden: the consumer waited {_pct(wf)} of the time{extra}")
     else:
+        # the loop hardly waits: its own step sets the pace, which faster loading cannot change
+        head = f"the training step is the bottleneck: the loop waited for data {_pct(wf)} of the time"
         busy = [w.get("busy_fraction") for k, w in snap.get("workers", {}).items()
                 if int(k) >= 0 and w.get("busy_fraction") is not None]
         if nw > 1 and need is not None and need < nw:
             util = f" ({_pct(sum(busy) / len(busy))} busy)" if busy else ""
-            parts.append(f"workers are idle{util}; {_workers(need)} would do")
+            parts.append(f"{head}, and the workers are idle{util}; {_workers(need)} would do")
         elif nw == 0:
-            parts.append(f"loading is cheap: the consumer waited {_pct(wf)} of the time; num_workers=0 is fine")
+            parts.append(f"{head}; num_workers=0 is fine")
         else:
-            parts.append(f"loading is hidden: the consumer waited {_pct(wf)} of the time")
+            parts.append(f"{head}; faster loading would not speed training up")
 
     failures = snap.get("failures") or []
     if failures:
@@ -387,15 +389,24 @@ def report(snap: dict[str, Any], cores: int | None = None) -> str:
         parts.append(f"{restarts} worker restart(s){how}")
     first_s = snap.get("first_batch_s")
     step = snap.get("step_per_batch_s") or 0.0
-    if first_s is not None and first_s > 1.0 and first_s > 20 * max(step, mean):
+    said_first = any("first batch" in p for p in parts)  # (the start-up's share of the wait: its own numbers)
+    advised = any("persistent_workers=True" in p for p in parts)
+    if first_s is not None and first_s > 1.0 and first_s > 20 * max(step, mean) and not said_first:
         if nw > 0 and snap.get("persistent_workers"):
             parts.append(f"the first batch took {first_s:.1f} s (worker start-up), paid once: the workers persist")
-        elif nw > 0:
+        elif nw > 0 and not advised:
             parts.append(f"the first batch took {first_s:.1f} s (worker start-up); persistent_workers=True pays "
                          "it once instead of every epoch")
+        elif nw > 0:
+            parts.append(f"the first batch took {first_s:.1f} s (worker start-up)")
         else:
             parts.append(f"the first batch took {first_s:.1f} s: one-time costs of the first samples "
                          "(opening files, first imports), paid once")
+    imported = snap.get("torch_import_s")
+    if imported is not None and imported >= 0.1:
+        # timed apart from the loader's clock (it read as the workers' start-up)
+        parts.append(f"importing torch took {imported:.1f} s before the first batch (once per process, outside "
+                     "the loader's times)")
     return ". ".join(p[0].upper() + p[1:] if i else p for i, p in enumerate(parts)) + "."
 
 
@@ -412,36 +423,144 @@ def _pyplot() -> Any:
     return plt
 
 
-def plot_timeline(stats: Stats | Any, path: str | os.PathLike[str]) -> Path:
-    """A PNG of each worker's fetches and the loop's steps and waits on one time axis.
+WINDOW = 32  # batches a timeline panel shows: each bar a few pixels wide at least
 
-    ``stats`` is a :class:`~conveyor.stats.Stats` or a conveyor DataLoader.
+
+def _handed_times(st: Stats) -> list[float]:
+    """When each batch the trace holds was handed to the training loop, in order: a loop's
+    step begins as a batch is handed out, and its last wait ends as the last one is. Without
+    loop events (batches handed out of the main process's gathers), the fetches' ends."""
+    steps, last = [], None
+    for kind, worker, start, end in st.trace:
+        if worker == LOOP:
+            if kind == "step":
+                steps.append(start)
+            last = end if last is None else max(last, end)
+    if steps and last is not None:
+        return sorted(steps) + ([last] if last > max(steps) else [])
+    return sorted(end for kind, _, _, end in st.trace if kind == "fetch")
+
+
+def timeline_windows(stats: Stats | Any, batches: int = WINDOW) -> list[tuple[str, float, float]]:
+    """The spans of time :func:`plot_timeline` draws, as ``(label, from_s, to_s)`` in seconds
+    since the loader started: the run's first ``batches`` batches, and ``batches`` from the
+    middle of the run (the steady state); a run of few batches in one span.
+
+    >>> from conveyor.stats import Stats
+    >>> st = Stats(started=0.0)
+    >>> for i in range(200):
+    ...     st.handed(i * 0.01, i * 0.01 + 0.002, 32, 1)
+    >>> [(label, round(a, 3), round(b, 3)) for label, a, b in timeline_windows(st)]
+    [('the start: batches 1-32', 0.0, 0.312), ('steady state: batches 85-116', 0.832, 1.152)]
+    """
+    st = _stats_of(stats)
+    t0 = st.started
+    handed = [t - t0 for t in _handed_times(st)]
+    if not handed:
+        return [("no batches", 0.0, 0.0)]
+    n = len(handed)
+    if n <= 3 * batches:
+        return [(f"all {n} batches", 0.0, handed[-1])]
+    middle = n // 2 - batches // 2
+    return [(f"the start: batches 1-{batches}", 0.0, handed[batches - 1]),
+            (f"steady state: batches {middle + 1}-{middle + batches}", handed[middle - 1], handed[middle + batches - 1])]
+
+
+def _setting(given: dict[str, Any], snap: dict[str, Any] | None = None) -> str:
+    """The settings a loader was given (``"auto"`` for those it tunes), in words for a title,
+    with what ran where it differs (``snap``: its ``stats()``): the workers "auto" ran, or the
+    batches the main process made in place of the workers given."""
+    nw = given.get("num_workers")
+    if nw is None:
+        return ""
+    said = f"num_workers={nw!r}" if nw == "auto" else f"num_workers={nw}"
+    for name in ("fetch_threads", "prefetch_factor"):
+        value = given.get(name)
+        if value is not None and (name != "fetch_threads" or value != 1) and (name != "prefetch_factor" or nw):
+            said += f", {name}={value!r}" if value == "auto" else f", {name}={value}"
+    snap = snap or {}
+    batches, here = snap.get("batches") or 0, snap.get("main_process_batches") or 0
+    if nw == "auto" and batches:
+        ran = sum(1 for k, w in snap.get("workers", {}).items() if int(k) >= 0 and w.get("batches"))
+        said += f" ({_workers(ran)} ran)"
+    elif nw and here:
+        said += f" ({here} of {batches} batches made in the main process)"
+    return said
+
+
+def _given(loader: Any) -> dict[str, Any]:
+    """A loader's num_workers, fetch_threads and prefetch_factor as given ("auto" where tuned)."""
+    auto = getattr(loader, "_auto", None) or {}
+    return {name: "auto" if auto.get(name) else getattr(loader, name, None)
+            for name in ("num_workers", "fetch_threads", "prefetch_factor")}
+
+
+def _tracks(st: Stats, workers: int) -> dict[int, dict[str, list[tuple[float, float]]]]:
+    """The timeline's tracks, top to bottom: the training loop, the main process (where it
+    made batches), then every worker, each ``{kind: [(from_ms, length_ms)]}``; a worker that
+    made no batch keeps its (empty) track."""
+    t0 = st.started
+    rows: dict[int, dict[str, list[tuple[float, float]]]] = {LOOP: {}}
+    for w in range(workers):
+        rows[w] = {}
+    for kind, worker, start, end in list(st.trace):
+        rows.setdefault(worker, {}).setdefault(kind, []).append(((start - t0) * 1e3, (end - start) * 1e3))
+    return {w: rows[w] for w in sorted(rows, key=lambda w: (w != LOOP, w != INLINE, w))}
+
+
+def plot_timeline(stats: Stats | Any, path: str | os.PathLike[str], *, setting: str | None = None,
+                  batches: int = WINDOW) -> Path:
+    """A PNG of each worker's fetches and the loop's steps and waits on one time axis: a
+    track per worker (those that made no batch in view too), one for the training loop,
+    over the run's first ``batches`` batches and ``batches`` of its steady state, side by
+    side (a long run drawn whole blurs its bars into stripes).
+
+    ``stats`` is a :class:`~conveyor.stats.Stats` or a conveyor DataLoader; ``setting``
+    names what ran in the title (default: the loader's num_workers, fetch_threads and
+    prefetch_factor).
 
     >>> plot_timeline(loader, "timeline.png")  # doctest: +SKIP
     """
     plt = _pyplot()
     st = _stats_of(stats)
-    t0 = st.started
-    rows: dict[int, dict[str, list[tuple[float, float]]]] = {}
-    for kind, worker, start, end in list(st.trace):
-        rows.setdefault(worker, {}).setdefault(kind, []).append(((start - t0) * 1e3, (end - start) * 1e3))
-    order = sorted(rows, key=lambda w: (w != LOOP, w != INLINE, w))
-    fig, ax = plt.subplots(figsize=(12, 1.0 + 0.5 * max(1, len(order))))
+    snapshot = getattr(stats, "stats", None)  # a loader's: its settings (a bare Stats has none)
+    snap = snapshot() if callable(snapshot) else {}
+    given = _given(stats) if snap else {}
+    if setting is None:
+        setting = _setting(given, snap) if snap else ""
+    # a track for each worker given (adaptive may have kept their batches here), or that ran
+    tracks = given.get("num_workers") if isinstance(given.get("num_workers"), int) else snap.get("num_workers")
+    rows = _tracks(st, int(tracks or 0))
+    order = list(rows)
+    windows = timeline_windows(st, batches)
+    fig, axes = plt.subplots(1, len(windows), sharey=True, squeeze=False,
+                             figsize=(7 * len(windows), 1.4 + 0.45 * len(order)))
     colors = {"fetch": "tab:blue", "step": "tab:green", "wait": "tab:red"}
-    for y, worker in enumerate(order):
-        for kind, spans in rows[worker].items():
-            ax.broken_barh(spans, (y - 0.4, 0.8), facecolors=colors.get(kind, "tab:gray"), label=kind)
-    ax.set_yticks(range(len(order)))
-    ax.set_yticklabels(["training loop" if w == LOOP else "main (inline)" if w == INLINE else f"worker {w}"
-                        for w in order])
-    ax.invert_yaxis()
-    ax.set_xlabel("ms since the loader started")
-    handles, labels = ax.get_legend_handles_labels()
+    for ax, (label, a, b) in zip(axes[0], windows):
+        for y, worker in enumerate(order):
+            for kind, spans in rows[worker].items():
+                ax.broken_barh(spans, (y - 0.4, 0.8), facecolors=colors.get(kind, "tab:gray"), label=kind)
+        pad = 0.01 * max(b - a, 1e-6) * 1e3
+        ax.set_xlim(a * 1e3 - pad, b * 1e3 + pad)
+        ax.set_title(label, fontsize="medium")
+        ax.set_xlabel("ms since the loader started")
+        ax.grid(True, axis="x", alpha=0.3)
+    first = axes[0][0]
+    first.set_yticks(range(len(order)))
+    first.set_yticklabels(["training loop" if w == LOOP else "main process" if w == INLINE else f"worker {w}"
+                           for w in order])
+    first.invert_yaxis()
+    handles, labels = first.get_legend_handles_labels()
+    for ax in axes[0][1:]:
+        h, l = ax.get_legend_handles_labels()
+        handles, labels = handles + h, labels + l
     unique = dict(zip(labels, handles))
     if unique:
         # beside the rows, not over them (it hid the end of the training loop's row)
-        ax.legend(unique.values(), unique.keys(), loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize="small")
-    ax.set_title("conveyor timeline: fetches (blue), training steps (green), waiting for data (red)")
+        axes[0][-1].legend(unique.values(), unique.keys(), loc="upper left", bbox_to_anchor=(1.0, 1.0),
+                           fontsize="small")
+    what = f"conveyor, {setting}" if setting else "conveyor"
+    fig.suptitle(f"{what}: fetches (blue), training steps (green), waiting for data (red)")
     fig.tight_layout()
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -125,6 +125,9 @@ class Stats:
     first_waits_s: float = 0.0  # of which for each epoch's first batch (workers starting up)
     step_s: float = 0.0  # consumer time between batches (training)
     first_batch_s: float | None = None
+    # seconds the first iter() spent importing torch, before the clock started (None: torch
+    # was there already, or is not needed): a one-time cost of the process, not the loader's
+    torch_import_s: float | None = None
     workers: dict[int, WorkerTimes] = field(default_factory=dict)
     # skipped failures, their records without the exception object (the first FAILURES_KEPT;
     # a loader skipping bad samples for weeks must not keep each one): failure_count counts all
@@ -382,6 +385,7 @@ class Stats:
             "wait_per_batch_s": self.wait_s / self.batches if self.batches else 0.0,
             "step_per_batch_s": self.step_s / self.steps if self.steps else None,
             "first_batch_s": self.first_batch_s,
+            "torch_import_s": self.torch_import_s,
             "throughput_batches_s": self.batches / elapsed,
             "throughput_samples_s": self.samples / elapsed,
             "mean_ready_batches": self.queue_depth_sum / self.batches if self.batches else 0.0,
@@ -459,8 +463,10 @@ def write_trace(stats: Stats | Any, path: str | os.PathLike[str]) -> Path:
     wait and a step each): past them the file says how many were left out
     (``otherData.dropped_events``) and a warning says so.
 
-    >>> write_trace(Stats(), "/tmp/conveyor-trace.json").name
-    'conveyor-trace.json'
+    >>> import os, tempfile
+    >>> with tempfile.TemporaryDirectory() as folder:
+    ...     write_trace(Stats(), os.path.join(folder, "trace.json")).name
+    'trace.json'
     """
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)

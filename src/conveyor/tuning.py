@@ -560,7 +560,7 @@ class Tuner:
     def pin(self, decision: Decision | dict[str, Any]) -> Decision:
         """Fix the decision (e.g. one saved with ``to_dict()``): observations no longer change it."""
         d = decision if isinstance(decision, Decision) else Decision.from_dict(decision)
-        self._pinned = replace(d, settled=True, reason=f"pinned: {d.reason}" if d.reason else "pinned")
+        self._pinned = replace(d, settled=True, reason=f"fixed: {d.reason}" if d.reason else "fixed")
         return self._pinned
 
     def unpin(self) -> None:

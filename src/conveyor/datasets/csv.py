@@ -75,10 +75,11 @@ class CSVDataset(ArrayDataset):
     the features. ``label_columns=None`` keeps features only (1-tuples).
     ``skip_header=None`` detects a header: a first line that is not all numbers.
 
-    >>> import tempfile
-    >>> path = tempfile.mkstemp(suffix=".csv")[1]
-    >>> _ = open(path, "w").write("0.1,0.2,1\\n0.3,0.4,0\\n")
-    >>> ds = CSVDataset(path)
+    >>> import os, tempfile
+    >>> with tempfile.TemporaryDirectory() as folder:
+    ...     path = os.path.join(folder, "rows.csv")
+    ...     _ = open(path, "w").write("0.1,0.2,1\\n0.3,0.4,0\\n")
+    ...     ds = CSVDataset(path)
     >>> ds.features.shape, ds.labels.shape, ds[1][1]
     ((2, 2), (2, 1), array([0.], dtype=float32))
     """
