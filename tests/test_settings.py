@@ -156,7 +156,9 @@ def test_workers_that_lose_warn_once_and_keep_the_setting() -> None:
     assert "num_workers=0" in text and "'auto'" in text
     assert stats["main_process_batches"] == 0 and stats["num_workers"] == 2
     assert sum(w["batches"] for k, w in stats["workers"].items() if int(k) >= 0) == 3 * 64
-    assert "the workers cost more than they save" in loader.report()
+    # (the start-up each epoch, or the trips: which outweighs the rest depends on the machine)
+    said = loader.report()
+    assert "the workers cost more than they save" in said or "persistent_workers=True pays it once" in said, said
 
 
 def test_auto_does_not_warn() -> None:

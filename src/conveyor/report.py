@@ -165,9 +165,10 @@ def workers_lose(snap: dict[str, Any]) -> str | None:
     Where that wait is more than ``LOSE_RATIO`` times the cost (pickling, the trip, the
     workers' start-up outweigh the work), the workers lose. A persistent loader's start-up
     is paid once, so its first waits are left out; a loader whose workers do not persist
-    pays it every epoch, so they count.
+    pays it every epoch, so they count, and where they alone make the loss the sentence
+    names ``persistent_workers=True``.
 
-    >>> snap = {"batches": 20, "num_workers": 2, "wait_s": 0.2, "first_waits_s": 0.15,
+    >>> snap = {"batches": 20, "num_workers": 2, "wait_s": 0.2, "first_waits_s": 0.01,
     ...         "workers": {0: {"batches": 10, "fetch_s": 0.002, "collate_s": 0.001},
     ...                     1: {"batches": 10, "fetch_s": 0.002, "collate_s": 0.001}}}
     >>> workers_lose(snap)[:61]
@@ -181,17 +182,29 @@ def workers_lose(snap: dict[str, Any]) -> str | None:
         return None  # (batches made in the main process: its own cost is measured, not this)
     if int(snap.get("fetch_threads", 1) or 1) > 1:
         return None  # fetch threads overlap waits on storage the main process would serialise
-    cost = sum(w.get("fetch_s", 0.0) + w.get("collate_s", 0.0) for k, w in made.items() if k >= 0) / by_workers
+    work = sum((w.get("fetch_s", 0.0) + w.get("collate_s", 0.0)) or w.get("busy_s", 0.0)
+               for k, w in made.items() if k >= 0)
+    cost = work / by_workers
+    if cost <= 0:
+        return None  # not timed
     wait = float(snap.get("wait_s") or 0.0)
-    if snap.get("persistent_workers"):
-        wait -= float(snap.get("first_waits_s") or 0.0)
-    per = wait / batches
-    if per <= LOSE_RATIO * cost or (per - cost) * batches < LOSE_MIN_S:
+    first = float(snap.get("first_waits_s") or 0.0)
+
+    def loses(waited: float) -> bool:
+        per = waited / batches
+        return per > LOSE_RATIO * cost and (per - cost) * batches >= LOSE_MIN_S
+
+    persistent = bool(snap.get("persistent_workers"))
+    waited = wait - first if persistent else wait
+    if not loses(waited):
         return None
-    times = f"{per / cost:.1f}x" if cost > 0 else "far more than"
+    per = waited / batches
+    fix = "use num_workers=0, or num_workers='auto' to choose"
+    if not persistent and not loses(wait - first):
+        fix = (f"most of it is each epoch's workers starting up ({first:.2f} s): persistent_workers=True pays "
+               "that once; or use num_workers=0, or num_workers='auto' to choose")
     return (f"the loop waited {per * 1e3:.2f} ms a batch for {_workers(nw)}, while a batch takes "
-            f"{cost * 1e3:.2f} ms to make ({times} that): the main process would make them faster; "
-            "use num_workers=0, or num_workers='auto' to choose")
+            f"{cost * 1e3:.2f} ms to make ({per / cost:.1f}x that): the main process would make them faster; {fix}")
 
 
 def workers_needed(snap: dict[str, Any]) -> int | None:
@@ -278,8 +291,6 @@ def report(snap: dict[str, Any], cores: int | None = None) -> str:
         # adaptive kept the batches here (``_Pool._start_outweighs``): more workers is no advice
         parts.append(f"the main process makes the batches ({_pct(wf)} of the time is spent waiting): "
                      f"{not_started}; persistent_workers=True would start them once, for every epoch")
-    elif lose is not None and wf >= HIDDEN:
-        parts.append(f"the workers cost more than they save ({_pct(wf)} of the time is spent waiting): {lose}")
     elif nw == 0 and wf >= HIDDEN and 0 < mean < HANDOFF:
         parts.append(f"loading in the main process takes {mean * 1e3:.2f} ms a batch ({_pct(wf)} of the time), "
                      "less than handing a batch over from a worker costs: num_workers=0 is right")
@@ -302,6 +313,8 @@ def report(snap: dict[str, Any], cores: int | None = None) -> str:
                    f"; {_workers(enough)} would do as well and leave it more CPU" if enough < nw else "")
             parts.append(f"{head}, though the workers sat idle {_pct(idle)} of the time: the main process sets "
                          f"the pace, taking each batch in ({per * 1e3:.2f} ms){fix}")
+        elif lose is not None:
+            parts.append(f"{head}, and the workers cost more than they save: {lose}")
         elif need is None or need > 16 * max(cores, nw, 1):
             more = f" (up to num_workers={cores} can help)" if nw < cores else ""
             parts.append(f"{head}; the training loop takes (almost) no time between batches, so loading sets "
@@ -353,6 +366,8 @@ def report(snap: dict[str, Any], cores: int | None = None) -> str:
             parts.append(f"{head}, though {_workers(nw)} should keep up (each batch takes "
                          f"{mean * 1e3:.1f} ms, a step {float(snap.get('step_per_batch_s') or 0) * 1e3:.1f} ms): "
                          + _why_slow_though_enough(snap, nw, mean))
+    elif wf >= HIDDEN and lose is not None:
+        parts.append(f"the consumer waited {_pct(wf)} of the time, and the workers cost more than they save: {lose}")
     elif wf >= HIDDEN:
         extra = ""
         if need is not None and need > nw:
