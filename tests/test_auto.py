@@ -844,9 +844,14 @@ def test_a_trip_is_timed_for_every_kind_of_leaf() -> None:
 
 
 @pytest.mark.parametrize("num_workers", [2, "auto"])
-def test_main_process_batches_keep_a_bounded_record_of_their_rates(num_workers: int | str) -> None:
+def test_main_process_batches_keep_a_bounded_record_of_their_rates(monkeypatch: pytest.MonkeyPatch,
+                                                                   num_workers: int | str) -> None:
     # each batch made in the main process appended its bytes per second, for good: a list
-    # growing by a float a batch over a run of millions
+    # growing by a float a batch over a run of millions. (Bars a busy machine does not move
+    # these microsecond batches past: at load 14 on 2 cores "auto" started workers for them.)
+    monkeypatch.setattr(conveyor.loader, "INLINE_MAX_S", 0.05)
+    monkeypatch.setattr(conveyor.loader, "SLOW_S", 0.5)
+    monkeypatch.setattr(conveyor.loader, "FIRST_SLOW_S", 0.5)
     with DataLoader(np.arange(600, dtype=np.float32), batch_size=None, num_workers=num_workers, adaptive=True) as loader:
         assert sum(1 for _ in loader) == 600
         assert loader._last_pool is not None and loader._last_pool.mode == "inline"
