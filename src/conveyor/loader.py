@@ -28,7 +28,7 @@ import time
 import warnings
 import weakref
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import numpy as np
 
@@ -198,6 +198,11 @@ class DataLoader(Generic[T]):
     """
 
     _frozen = ("batch_size", "batch_sampler", "sampler", "drop_last", "dataset", "persistent_workers")
+    # torch's DataLoader, this class's base when torch is installed (see _public_class), makes
+    # these read-only properties of its own state; plain values here put them in the
+    # instance's __dict__, where this class's __init__, copies and pickles keep them
+    multiprocessing_context: Any = None
+    _auto_collation: bool = False
 
     def __init__(
         self,
@@ -463,6 +468,10 @@ class DataLoader(Generic[T]):
 
     # torch's private names that tools read (Lightning resets ``_iterator`` when a loop ends,
     # torchdata's helpers read ``_dataset_kind``)
+    def _get_iterator(self) -> Iterator[T]:
+        """A new iterator, as torch's loader makes in ``iter()`` (never torch's own)."""
+        return self.__iter__()
+
     def check_worker_number_rationality(self) -> None:
         """Warn when ``num_workers`` is more than the cores this process may use, as torch does."""
         self._check_worker_count()
@@ -588,9 +597,12 @@ class DataLoader(Generic[T]):
         epoch, skip, base_seed, done, replicas = self._epoch, 0, None, [], None
         persistent = self.persistent_workers and self.num_workers > 0
         replayed = None
+        undo = (self._epoch, None, self._ended)  # what a run dropped before its first batch gives back
         if self._resume is not None:
             self._check_replicas(self._resume)
             resume, self._resume = self._resume, None
+            if not resume["finished"]:  # (an ended epoch's draws are replayed once, here)
+                undo = (self._epoch, resume, self._ended)
             epoch, skip, base_seed = resume["epoch"], resume["batches"], resume.get("base_seed")
             done, replicas = resume.get("done") or [], resume.get("replicas")
             replayed = resume.get("replayed")
@@ -624,6 +636,7 @@ class DataLoader(Generic[T]):
             pool = self._inline_pool(seed)
         run = _Run(self, pool, epoch, skip, owns_pool=not persistent and pool is not self._inline, done=done,
                    replicas=replicas, replayed=replayed)
+        run.undo = undo
         if persistent:
             # torch's loader has one iterator over persistent workers, which iter() resets: an
             # iterator taken before goes on with the new epoch (a batch peeked at mid-epoch,
@@ -1026,6 +1039,58 @@ class DataLoader(Generic[T]):
                 self._persistent.close()
         except Exception:
             pass
+
+
+# The class users get: torch's DataLoader's subclass when torch is installed, so that trainers
+# that test isinstance (Lightning, accelerate) take it for one, else the class above. It is
+# made at its first use, not when conveyor is imported: torch takes 1-2 s to import, which a
+# numpy pipeline, or a spawned worker (which imports conveyor, never the loader class), would
+# pay for nothing. torch's __init__ never runs: the class above shadows every name torch's
+# sets or defines (its properties, __setattr__, __iter__, __len__, _get_iterator,
+# check_worker_number_rationality) and keeps its own state in its own attributes.
+_Loader = DataLoader
+if not TYPE_CHECKING:
+    del DataLoader
+_made: type | None = None
+_making = threading.Lock()
+
+
+def _torch_base() -> type | None:
+    if not _torch.available():
+        return None
+    try:
+        from torch.utils.data import DataLoader as base
+    except ImportError:  # torch blocked or broken: the numpy core still works
+        return None
+    return base  # type: ignore[no-any-return]
+
+
+def _public_class() -> type:
+    global _made
+    with _making:
+        if _made is None:
+            base = _torch_base()
+            if base is None:
+                _made = _Loader
+            else:
+                _Loader.__qualname__ = _Loader.__name__ = "_Loader"  # the name is the subclass's
+                class DataLoader(_Loader[T], base[T]):  # type: ignore[misc, valid-type]
+                    __doc__ = _Loader.__doc__
+                    # its own __init__, so that tools that wrap each subclass's __init__ to
+                    # record its arguments (Lightning does, to rebuild loaders) find it
+                    __init__ = _Loader.__init__
+
+                DataLoader.__module__ = __name__
+                DataLoader.__qualname__ = "DataLoader"
+                _made = DataLoader
+            globals()["DataLoader"] = _made
+        return _made
+
+
+def __getattr__(name: str) -> Any:
+    if name == "DataLoader":
+        return _public_class()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _nbytes(batch: Any) -> int:
@@ -2151,6 +2216,24 @@ class _Run(Generic[T]):
         # per batch: __next__ takes the lean path (see _lean)
         self.lean = False
         self._quick_fetch: Callable[[Any], Any] | None = None
+        self.skipped = skip
+        # the loader's (epoch counter, resume state, end position) before this run's iter()
+        self.undo: tuple[int, dict[str, Any] | None, dict[str, Any] | None] | None = None
+
+    def _give_back(self) -> bool:
+        """Dropped or closed before handing out a batch (a trainer's probe: Lightning calls
+        iter() once on loaders it does not know), this run gives its epoch back: the next
+        iter() is the epoch this one would have been, with the same ``seed=`` draws, as if
+        iter() had never been called. Not once a later iter() has begun another epoch."""
+        undo, self.undo = self.undo, None
+        loader = self.loader
+        if (undo is None or self.exhausted or self.yielded != self.skipped or loader._epoch != self.epoch + 1
+                or loader._last_run not in (None, self)):
+            return False
+        loader._epoch, resume, loader._ended = undo
+        if resume is not None and loader._resume is None:
+            loader._resume = resume
+        return True
 
     def begin(self) -> None:
         """Begin the sampler's iteration if no batch has been asked for yet: a state names
@@ -2245,6 +2328,59 @@ class _Run(Generic[T]):
         while self.prefix in ahead:
             ahead.discard(self.prefix)
             self.prefix += 1
+
+    # -- torch's iterator's private names, which tools and tests read ----------
+    @property
+    def _workers(self) -> list[Any]:
+        """The worker processes (``multiprocessing.Process``) serving this epoch; none
+        before they start, or with thread workers or none."""
+        ex = self.pool._holder[0] if self.pool._holder else None
+        if not isinstance(ex, ProcessExecutor):
+            return []
+        return [wk.proc for wk in ex.workers if wk is not None]
+
+    @property
+    def _num_workers(self) -> int:
+        return self.loader.num_workers
+
+    @property
+    def _num_yielded(self) -> int:
+        return self.yielded
+
+    @property
+    def _shutdown(self) -> bool:
+        return bool(self.pool.dead)
+
+    def _shutdown_workers(self) -> None:
+        self.close()
+
+    @property
+    def _dataset(self) -> Any:
+        return self.loader.dataset
+
+    @property
+    def _index_sampler(self) -> Any:
+        return self.loader._index_sampler
+
+    @property
+    def _dataset_kind(self) -> int:
+        return self.loader._dataset_kind
+
+    @property
+    def _auto_collation(self) -> bool:
+        return self.loader._auto_collation
+
+    @property
+    def _IterableDataset_len_called(self) -> int | None:  # noqa: N802 - torch's name
+        return self.len_said
+
+    @property
+    def _persistent_workers(self) -> bool:
+        return bool(self.loader.persistent_workers)
+
+    @property
+    def _base_seed(self) -> int:
+        return self.base_seed
 
     # -- iterator protocol --------------------------------------------------
     def __iter__(self) -> _Run[T]:
@@ -2872,12 +3008,15 @@ class _Run(Generic[T]):
 
     def close(self) -> None:
         self._abandon()
+        self._give_back()  # (after _abandon, which notes where the run ended)
         if self.owns_pool:
             self.pool.close()
 
     def __del__(self) -> None:
         try:
-            if not self.finished:
+            if self._give_back():
+                pass  # never began: nothing to resume from
+            elif not self.finished:
                 ref = self.loader._last_ref
                 if ref is None or ref() in (None, self):
                     self.loader._ended = self.where()  # dropped mid-epoch: resume from here
