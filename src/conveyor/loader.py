@@ -113,6 +113,9 @@ class TooManyFailures(RuntimeError):
         super().__init__(message)
         self.failures = failures
 
+    def __reduce__(self) -> Any:  # (Exception's pickles args alone, and failures is required)
+        return type(self), (str(self), self.failures), self.__dict__
+
 
 def _is_iterable_dataset(dataset: Any) -> bool:
     from .datasets import IterableDataset
@@ -463,7 +466,7 @@ class DataLoader(Generic[T]):
         if self.num_workers > cpus and self.worker_type == "process":
             warnings.warn(
                 f"This DataLoader will create {self.num_workers} worker processes in total. This "
-                f"process may use at most {cpus} CPUs, so too many workers may make loading slow "
+                f"process may use at most {cpus} CPUs: excessive worker creation can make loading slow "
                 "or even freeze it; lower num_workers (or try num_workers='auto').", stacklevel=3)
 
     # torch's private names that tools read (Lightning resets ``_iterator`` when a loop ends,
@@ -598,6 +601,14 @@ class DataLoader(Generic[T]):
         persistent = self.persistent_workers and self.num_workers > 0
         replayed = None
         undo = (self._epoch, None, self._ended)  # what a run dropped before its first batch gives back
+        pipe_seed = None
+        if self._iterable and self.seed is None and _torch.is_datapipe(self.dataset):
+            # a DataPipe's shuffles: one draw at every iter(), before the workers' base seed is
+            # drawn (as torch's loader draws them), so that torch.manual_seed(s) before each
+            # epoch repeats its order, with persistent workers (no new base seed) too
+            torch = _torch.get()
+            assert torch is not None
+            pipe_seed = int(torch.empty((), dtype=torch.int64).random_(generator=self.generator).item())
         if self._resume is not None:
             self._check_replicas(self._resume)
             resume, self._resume = self._resume, None
@@ -637,6 +648,7 @@ class DataLoader(Generic[T]):
         run = _Run(self, pool, epoch, skip, owns_pool=not persistent and pool is not self._inline, done=done,
                    replicas=replicas, replayed=replayed)
         run.undo = undo
+        run.pipe_seed = pipe_seed
         if persistent:
             # torch's loader has one iterator over persistent workers, which iter() resets: an
             # iterator taken before goes on with the new epoch (a batch peeked at mid-epoch,
@@ -2217,6 +2229,7 @@ class _Run(Generic[T]):
         self.lean = False
         self._quick_fetch: Callable[[Any], Any] | None = None
         self.skipped = skip
+        self.pipe_seed: int | None = None  # (DataLoader.__iter__)
         # the loader's (epoch counter, resume state, end position) before this run's iter()
         self.undo: tuple[int, dict[str, Any] | None, dict[str, Any] | None] | None = None
 
@@ -2821,7 +2834,7 @@ class _Run(Generic[T]):
             indices = _task_indices(indices)
         seq = self.pool.seq
         self.pool.seq += 1
-        task = Task(seq, self.epoch, indices)
+        task = Task(seq, self.epoch, indices, self.pipe_seed)
         self.inflight[seq] = (worker, task)
         return task
 
