@@ -34,7 +34,7 @@ import numpy as np
 
 from . import _torch, replay, rng
 from .collate import default_collate, default_convert, numpy_collate
-from .distributed import ShardedIterable, rank_and_world
+from .distributed import ShardedIterable, gives_rank_shares, group_world_size, rank_and_world
 from .errors import Failure, capture, rebuild
 from .executors import inherit
 from .executors.inline import InlineExecutor
@@ -436,6 +436,7 @@ class DataLoader(Generic[T]):
         self._loaded: dict[str, Any] | None = None
         self._ended: dict[str, Any] | None = None  # where the last run stopped (see _Run.where)
         self._len_called: int | None = None
+        self._ranks_checked = False  # (_check_ranks)
         self._device_args = None if device is None else (device, device_depth)
         self._start_runtime()
         self._initialized = True
@@ -597,6 +598,8 @@ class DataLoader(Generic[T]):
             self._stats.begin()
         else:
             self._stats.run_start()  # the time since the last epoch (or a break) is no step
+        if not self._ranks_checked:
+            self._check_ranks()
         epoch, skip, base_seed, done, replicas = self._epoch, 0, None, [], None
         persistent = self.persistent_workers and self.num_workers > 0
         replayed = None
@@ -666,6 +669,25 @@ class DataLoader(Generic[T]):
                 pool.executor  # noqa: B018 - starts them
             return self._device_stage.wrap(run, exclusive=persistent)
         return run
+
+    def _check_ranks(self) -> None:
+        """Under torch.distributed with more than one rank, a map-style dataset read through a
+        sampler that is not a distributed one gives every rank the whole dataset: say so, once.
+        (Streams shard themselves, or not, inside their own ``__iter__``: a ShardedIterable
+        does, DataPipes are sharded across ranks by the loader, and others cannot be told.)"""
+        world = group_world_size()
+        if world <= 1:
+            return  # (asked again at the next iter(): the group may be made later)
+        self._ranks_checked = True  # the samplers cannot change (they are frozen attributes)
+        if self._iterable or gives_rank_shares(self.sampler) or gives_rank_shares(self.batch_sampler):
+            return
+        given_batches = self.batch_size is None and self.batch_sampler is not None  # batch_sampler= was given
+        shown = self.batch_sampler if given_batches else self.sampler
+        warnings.warn(
+            f"conveyor: torch.distributed runs {world} ranks, but this DataLoader's sampler "
+            f"({type(shown).__name__}) is not a distributed one: every rank will see the whole dataset. "
+            "Give each rank its share with sampler=conveyor.DistributedSampler(dataset) (or torch's "
+            "DistributedSampler), and call its set_epoch(epoch) every epoch.", UserWarning, stacklevel=3)
 
     def _stream_rank_world(self) -> tuple[int, int]:
         """The (rank, world size) a stream is sharded by: a ShardedIterable's own, else this
