@@ -197,6 +197,7 @@ def test_lightning_rebuilds_it_as_a_conveyor_loader_with_its_arguments() -> None
         assert type(rebuilt) is type(loader)
         assert (rebuilt.worker_type, rebuilt.output, rebuilt.seed, rebuilt.fetch_threads, rebuilt.on_error,
                 rebuilt.max_failures, rebuilt.num_workers) == ("thread", "numpy", 7, 2, "skip", 3, 2)
+        assert rebuilt._default_collate  # its collate_fn given back is still the default (fast paths)
         got = sorted(int(i) for b in rebuilt for i in b)
         assert got == list(range(1, 20, 2))  # rank 1's half
         rebuilt.close()

@@ -421,13 +421,14 @@ class DataLoader(Generic[T]):
                 self._auto["fetch_threads"] = False
                 if not any(self._auto.values()):
                     self._auto = None
-        self._default_collate = collate_fn is None
-        if collate_fn is None:
-            if self._auto_collation:
-                collate_fn = default_collate if output == "torch" else numpy_collate
-            else:
-                collate_fn = default_convert if output == "torch" else to_numpy
-        self.collate_fn = collate_fn
+        if self._auto_collation:
+            default_fn = default_collate if output == "torch" else numpy_collate
+        else:
+            default_fn = default_convert if output == "torch" else to_numpy
+        # the default given back (a trainer rebuilding a loader from its attributes, as Lightning
+        # does) is the default: its fast paths (bulk gathers, no conversion) stay
+        self._default_collate = collate_fn is None or collate_fn is default_fn
+        self.collate_fn = default_fn if collate_fn is None else collate_fn
         self.persistent_workers = persistent_workers
         self._epoch = 0
         self._resume: dict[str, Any] | None = None
