@@ -1,7 +1,7 @@
 """Run by test_trainers.py: a PyTorch Lightning fit with strategy="ddp" on 2 CPU processes (gloo).
 
 Lightning's launcher runs this script again for rank 1. Each rank writes
-``<out>/rank<r>.json``: the sample indices its training steps saw, in order, and what the
+``<out>/rank<r>.json``: the sample indices its training steps saw in each of 2 epochs, in order, and what the
 loader was inside the steps (its type and conveyor's arguments), for the loader made in
 ``train_dataloader()`` (``hook``) and for one passed to ``fit`` (``passed``).
 """
@@ -41,7 +41,7 @@ class Model(LightningModule):
         super().__init__()
         self.layer = torch.nn.Linear(1, 1)
         self.hook = hook
-        self.seen: list[int] = []
+        self.seen: list[list[int]] = []  # per epoch
         self.loaders: list[dict[str, Any]] = []
 
     def train_dataloader(self) -> Any:
@@ -54,7 +54,9 @@ class Model(LightningModule):
         self.loaders.append({"type": f"{type(loader).__module__}.{type(loader).__name__}",
                              "conveyor": isinstance(loader, conveyor.DataLoader),
                              "args": [loader.worker_type, loader.seed, loader.on_error, loader.max_failures]})
-        self.seen += [int(v) for v in batch.flatten().tolist()]
+        if len(self.seen) <= self.current_epoch:
+            self.seen.append([])
+        self.seen[self.current_epoch] += [int(v) for v in batch.flatten().tolist()]
         return self.layer(batch).sum()
 
     def configure_optimizers(self) -> Any:
@@ -63,7 +65,7 @@ class Model(LightningModule):
 
 def fit(hook: bool) -> tuple[int, dict[str, Any]]:
     model = Model(hook)
-    trainer = Trainer(strategy="ddp", accelerator="cpu", devices=2, max_epochs=1, logger=False,
+    trainer = Trainer(strategy="ddp", accelerator="cpu", devices=2, max_epochs=2, logger=False,
                       enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*does not have many workers.*")

@@ -60,14 +60,16 @@ def test_lightning_ddp_gives_each_rank_its_own_shuffled_share_with_a_conveyor_lo
     assert not left, f"processes left behind by the DDP run: {left}"
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
     for how in ("hook", "passed"):  # made in train_dataloader(), or passed to fit()
-        seen = [r[how]["seen"] for r in ranks]
-        assert len(seen[0]) == len(seen[1]) == 32, how
-        assert not set(seen[0]) & set(seen[1]), f"{how}: ranks overlap on {sorted(set(seen[0]) & set(seen[1]))}"
-        assert sorted(seen[0] + seen[1]) == list(range(64)), how
-        assert seen[0] != sorted(seen[0]) and seen[1] != sorted(seen[1]), f"{how}: not shuffled"
+        for epoch in range(2):
+            seen = [r[how]["seen"][epoch] for r in ranks]
+            assert len(seen[0]) == len(seen[1]) == 32, how
+            assert not set(seen[0]) & set(seen[1]), f"{how}: ranks overlap on {sorted(set(seen[0]) & set(seen[1]))}"
+            assert sorted(seen[0] + seen[1]) == list(range(64)), how
+            assert seen[0] != sorted(seen[0]) and seen[1] != sorted(seen[1]), f"{how}: not shuffled"
         for r in ranks:
+            assert r[how]["seen"][0] != r[how]["seen"][1], f"{how}: both epochs in one order"  # set_epoch reached it
             loaders = r[how]["loaders"]
-            assert len(loaders) == 8
+            assert len(loaders) == 16
             # inside every training step the loader Lightning rebuilt with its DistributedSampler
             # is still conveyor's, with conveyor's own arguments
             assert all(d == {"type": "conveyor.loader.DataLoader", "conveyor": True,
