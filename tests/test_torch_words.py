@@ -89,6 +89,21 @@ def test_death_words() -> None:
     assert Death(0, 9, -9, cause="hung").torch_words() == "DataLoader worker (pid 9) was killed by the loader."
 
 
+class _ExitsAtStart:
+    def __call__(self, worker_id: int) -> None:
+        os._exit(3)
+
+
+@pytest.mark.timeout(90)
+def test_a_worker_that_exits_while_starting_is_named_as_torch_names_it() -> None:
+    before = Snapshot.take()
+    loader = conveyor.DataLoader(list(range(8)), batch_size=2, num_workers=1, max_worker_restarts=0,
+                                 worker_init_fn=_ExitsAtStart(), output="numpy", **WORKERS)
+    with pytest.raises(StartupError, match=r"^DataLoader worker \(pid \d+\) exited unexpectedly during start-up"):
+        drain(loader)
+    assert_no_leaks(before)
+
+
 # --------------------------------------------------------------------------- pickling
 
 
