@@ -70,6 +70,21 @@ def rank_warnings() -> dict[str, int]:
     return counts
 
 
+def datapipe_epochs(rank: int) -> list[list[int]]:
+    """Two epochs of a shuffled DataPipe without seed=, each rank's global RNG seeded apart:
+    the ranks must still shuffle alike before taking their shards."""
+    import warnings
+
+    from torch.utils.data.datapipes.iter import IterableWrapper
+
+    torch.manual_seed(100 + rank)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        pipe = IterableWrapper(range(40)).shuffle().sharding_filter()
+        loader = DataLoader(pipe, batch_size=4, shuffle=True, num_workers=2)
+        return [flat(loader) for _ in range(2)]
+
+
 def main(out: Path) -> None:
     dist.init_process_group("gloo")
     rank, world = rank_and_world()
@@ -94,6 +109,7 @@ def main(out: Path) -> None:
     stream = DataLoader(ShardedIterable(range(40)), batch_size=4, num_workers=2, worker_type="thread")
     report["stream"] = flat(stream)
     report["warned"] = rank_warnings()
+    report["datapipe"] = datapipe_epochs(rank)
     dist.barrier()
     (out / f"rank{rank}.json").write_text(json.dumps(report))
     dist.destroy_process_group()

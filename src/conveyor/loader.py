@@ -523,6 +523,7 @@ class DataLoader(Generic[T]):
         self._findings = _Findings()  # what adaptive pools found, for the next epochs' pools
         self._slot_pinner = _pinner(self)
         self._device_stage: Any = None
+        self._pipe_group: Any = None  # the gloo group a DataPipe's shuffle seed is shared over (__iter__)
         if self._device_args is not None:
             from .device import DevicePrefetcher, pin
 
@@ -540,7 +541,7 @@ class DataLoader(Generic[T]):
                 track_state=True, state_fn=position)
 
     _RUNTIME = ("_persistent", "_inline", "_runs", "_stats", "_tuner", "_last_ref", "_last_pool",
-                "_recycler", "_slot_pinner", "_device_stage")
+                "_recycler", "_slot_pinner", "_device_stage", "_pipe_group")
 
     def __getstate__(self) -> dict[str, Any]:
         """Its arguments and position, as torch's loader pickles (its dataset, sampler and
@@ -612,7 +613,15 @@ class DataLoader(Generic[T]):
             # epoch repeats its order, with persistent workers (no new base seed) too
             torch = _torch.get()
             assert torch is not None
-            pipe_seed = int(torch.empty((), dtype=torch.int64).random_(generator=self.generator).item())
+            drawn = torch.empty((), dtype=torch.int64).random_(generator=self.generator)
+            if group_world_size() > 1:
+                # every rank shuffles alike, then takes its shard: rank 0's draw, as torch's
+                # loader broadcasts it (over a gloo group: the default one may be NCCL's)
+                dist = torch.distributed
+                if self._pipe_group is None:
+                    self._pipe_group = dist.new_group(backend="gloo")
+                dist.broadcast(drawn, src=0, group=self._pipe_group)
+            pipe_seed = int(drawn.item())
         if self._resume is not None:
             self._check_replicas(self._resume)
             resume, self._resume = self._resume, None
