@@ -275,6 +275,12 @@ def test_nested_tensor_error_matches_torch() -> None:
         nt = torch.nested.nested_tensor([torch.zeros(2), torch.zeros(3)])
     batch = [nt, nt]
     assert _error_type(default_collate, batch) is _error_type(torch_collate, batch) is RuntimeError
+    messages = []
+    for collate in (default_collate, torch_collate):
+        with pytest.raises(RuntimeError) as info:
+            collate(batch)
+        messages.append(str(info.value))
+    assert messages[0] == messages[1], messages
 
 
 # --------------------------------------------------------------------------- default_convert parity

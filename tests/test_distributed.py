@@ -96,6 +96,29 @@ def test_sharded_stream_under_torchrun(ranks: list[dict[str, Any]]) -> None:
 # --------------------------------------------------------------------------- without torchrun
 
 
+def test_a_loader_without_a_distributed_sampler_warns_once_under_ddp(ranks: list[dict[str, Any]]) -> None:
+    for report in ranks:
+        assert report["warned"] == {"shuffle": 1, "sequential": 1, "conveyor_sampler": 0, "torch_sampler": 0,
+                                    "torch_batch_sampler": 0, "conveyor_batch_sampler": 0,
+                                    "sharded_stream": 0}, report["warned"]
+
+
+def test_a_datapipe_s_shuffle_is_shared_by_the_ranks(ranks: list[dict[str, Any]]) -> None:
+    # each rank's global RNG differs: rank 0's draw seeds every rank's shuffle, as torch's loader does
+    for epoch in range(2):
+        shares = [r["datapipe"][epoch] for r in ranks]
+        assert not set(shares[0]) & set(shares[1]), sorted(set(shares[0]) & set(shares[1]))
+        assert sorted(shares[0] + shares[1]) == list(range(40))
+    assert ranks[0]["datapipe"][0] != ranks[0]["datapipe"][1]
+
+
+def test_no_rank_warning_without_a_process_group(recwarn: pytest.WarningsRecorder) -> None:
+    loader = DataLoader(list(range(8)), batch_size=2, shuffle=True, output="numpy")
+    for _ in range(2):
+        list(loader)
+    assert not [w for w in recwarn if "every rank" in str(w.message)]
+
+
 def test_rank_and_world_from_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("RANK", raising=False)
     monkeypatch.delenv("WORLD_SIZE", raising=False)

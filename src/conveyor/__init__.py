@@ -7,6 +7,8 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from .collate import default_collate, default_convert, numpy_collate
 from .datasets import (
     ArrayDataset,
@@ -27,7 +29,7 @@ from .distributed import ShardedIterable, shard_iterable
 from .errors import SlowSettingWarning, WorkerError
 from .executors.recovery import WorkerDied
 from .executors.worker import WorkerInfo, get_worker_info
-from .loader import DataLoader, TooManyFailures
+from .loader import TooManyFailures
 from .samplers import (
     BatchSampler,
     DistributedSampler,
@@ -38,7 +40,20 @@ from .samplers import (
     WeightedRandomSampler,
 )
 
+if TYPE_CHECKING:
+    from .loader import DataLoader
+
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str) -> Any:
+    # DataLoader subclasses torch's when torch is installed; it is made (and torch imported)
+    # at its first use, so that ``import conveyor`` stays as light as numpy (loader.py)
+    if name == "DataLoader":
+        from .loader import DataLoader
+
+        return DataLoader
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 __all__ = sorted([
     "ArrayDataset",

@@ -18,7 +18,10 @@ def available() -> bool:
     """True when torch can be imported (without importing it)."""
     global _available
     if _available is None:
-        _available = "torch" in sys.modules or importlib.util.find_spec("torch") is not None
+        if "torch" in sys.modules:  # None there blocks its import
+            _available = sys.modules["torch"] is not None
+        else:
+            _available = importlib.util.find_spec("torch") is not None
     return _available
 
 

@@ -417,8 +417,9 @@ def collate_tensor_fn(batch: Sequence[Any], *, collate_fn_map: CollateFnMap | No
     torch = _torch_loaded()
     elem = batch[0]
     if elem.is_nested:
-        raise RuntimeError(
-            "default_collate cannot batch nested tensors; pass a collate_fn that handles them"
+        raise RuntimeError(  # torch's words, which users match on
+            "Batches of nested tensors are not currently supported by the default collate_fn; "
+            "please provide a custom collate_fn to handle them appropriately."
         )
     if elem.layout in _sparse(torch):
         raise RuntimeError(

@@ -31,7 +31,8 @@ from .datasets import IterableDataset
 from .executors import worker as _worker
 from .executors.worker import get_worker_info
 
-__all__ = ["ShardedIterable", "rank_and_world", "shard_iterable", "worker_and_count"]
+__all__ = ["ShardedIterable", "gives_rank_shares", "group_world_size", "rank_and_world", "shard_iterable",
+           "worker_and_count"]
 
 T = TypeVar("T")
 
@@ -49,6 +50,46 @@ def rank_and_world() -> tuple[int, int]:
     if not rank and not world and _worker.main_rank_world is not None:
         return _worker.main_rank_world  # a spawned worker: its main process's
     return (int(rank) if rank else 0), (int(world) if world else 1)
+
+
+def group_world_size() -> int:
+    """The world size of torch.distributed's process group when one is initialised, else 1
+    (never imports torch).
+
+    >>> group_world_size()
+    1
+    """
+    dist = sys.modules.get("torch.distributed")
+    if dist is None or not dist.is_available() or not dist.is_initialized():
+        return 1
+    return int(dist.get_world_size())
+
+
+def gives_rank_shares(order: Any) -> bool:
+    """Does the sampler or batch sampler ``order`` give each rank its own share? conveyor's and
+    torch's ``DistributedSampler`` (and subclasses: Lightning's wrapper) do, and so does any
+    sampler that says how many replicas it splits the data for (``num_replicas``, or
+    ``num_processes`` as accelerate's batch sampler names it), or a batch sampler over one.
+
+    >>> from conveyor import DistributedSampler, SequentialSampler
+    >>> gives_rank_shares(DistributedSampler(range(4), num_replicas=2, rank=0))
+    True
+    >>> gives_rank_shares(SequentialSampler(range(4)))
+    False
+    """
+    from .samplers import DistributedSampler
+
+    for obj in (order, getattr(order, "sampler", None)):
+        if obj is None:
+            continue
+        if isinstance(obj, DistributedSampler):
+            return True
+        theirs = sys.modules.get("torch.utils.data.distributed")
+        if theirs is not None and isinstance(obj, theirs.DistributedSampler):
+            return True
+        if any(isinstance(getattr(obj, name, None), int) for name in ("num_replicas", "num_processes")):
+            return True
+    return False
 
 
 def worker_and_count() -> tuple[int, int]:

@@ -32,6 +32,9 @@ class WorkerError(RuntimeError):
         self.worker_id = worker_id
         self.indices = indices
 
+    def __reduce__(self) -> Any:  # (Exception's pickles args alone: the keywords would be lost)
+        return type(self), (str(self),), self.__dict__
+
 
 class SlowSettingWarning(UserWarning):
     """A setting the user chose measurably slows loading (conveyor keeps it, and says so once).
@@ -49,6 +52,9 @@ class RemoteTraceback(Exception):
 
     def __str__(self) -> str:
         return "\n\n" + self.text
+
+    def __reduce__(self) -> Any:
+        return type(self), (self.text,), self.__dict__
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,10 +145,17 @@ def rebuild(failure: Failure) -> BaseException:
     if exc is not None:
         # raised in this process: the exception itself, its own traceback and cause (the same
         # object may be raised for several batches: one note)
+        if failure.worker_id is not None:
+            note = f"Caught {_short_type(failure)} in DataLoader worker thread {failure.worker_id}.\n{note}"
         if note not in getattr(exc, "__notes__", ()):
             exc.add_note(note)
         _tag(exc, failure)
         return exc
+    if failure.worker_id is not None:
+        # torch's line (users and tests match on it: pytest's match= reads notes too), on a
+        # note: the exception keeps its own message and attributes, where torch makes a new
+        # one of the type from a message it rewrites
+        note = f"Caught {_short_type(failure)} in DataLoader worker process {failure.worker_id}.\n{note}"
     if failure.payload is not None:
         try:
             exc = pickle.loads(failure.payload)
@@ -155,6 +168,10 @@ def rebuild(failure: Failure) -> BaseException:
     exc.add_note(note)
     _tag(exc, failure)
     return exc
+
+
+def _short_type(failure: Failure) -> str:
+    return failure.type_name.rpartition(".")[2]
 
 
 def _tag(exc: BaseException, failure: Failure) -> None:

@@ -28,13 +28,13 @@ import time
 import warnings
 import weakref
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import numpy as np
 
 from . import _torch, replay, rng
 from .collate import default_collate, default_convert, numpy_collate
-from .distributed import ShardedIterable, rank_and_world
+from .distributed import ShardedIterable, gives_rank_shares, group_world_size, rank_and_world
 from .errors import Failure, SlowSettingWarning, capture, rebuild
 from .executors import inherit
 from .executors.inline import InlineExecutor
@@ -112,6 +112,9 @@ class TooManyFailures(RuntimeError):
     def __init__(self, message: str, failures: list[Failure]) -> None:
         super().__init__(message)
         self.failures = failures
+
+    def __reduce__(self) -> Any:  # (Exception's pickles args alone, and failures is required)
+        return type(self), (str(self), self.failures), self.__dict__
 
 
 def _is_iterable_dataset(dataset: Any) -> bool:
@@ -201,6 +204,11 @@ class DataLoader(Generic[T]):
     """
 
     _frozen = ("batch_size", "batch_sampler", "sampler", "drop_last", "dataset", "persistent_workers")
+    # torch's DataLoader, this class's base when torch is installed (see _public_class), makes
+    # these read-only properties of its own state; plain values here put them in the
+    # instance's __dict__, where this class's __init__, copies and pickles keep them
+    multiprocessing_context: Any = None
+    _auto_collation: bool = False
 
     def __init__(
         self,
@@ -416,13 +424,14 @@ class DataLoader(Generic[T]):
                 self._auto["fetch_threads"] = False
                 if not any(self._auto.values()):
                     self._auto = None
-        self._default_collate = collate_fn is None
-        if collate_fn is None:
-            if self._auto_collation:
-                collate_fn = default_collate if output == "torch" else numpy_collate
-            else:
-                collate_fn = default_convert if output == "torch" else to_numpy
-        self.collate_fn = collate_fn
+        if self._auto_collation:
+            default_fn = default_collate if output == "torch" else numpy_collate
+        else:
+            default_fn = default_convert if output == "torch" else to_numpy
+        # the default given back (a trainer rebuilding a loader from its attributes, as Lightning
+        # does) is the default: its fast paths (bulk gathers, no conversion) stay
+        self._default_collate = collate_fn is None or collate_fn is default_fn
+        self.collate_fn = default_fn if collate_fn is None else collate_fn
         self.persistent_workers = persistent_workers
         self._epoch = 0
         self._resume: dict[str, Any] | None = None
@@ -431,6 +440,7 @@ class DataLoader(Generic[T]):
         self._loaded: dict[str, Any] | None = None
         self._ended: dict[str, Any] | None = None  # where the last run stopped (see _Run.where)
         self._len_called: int | None = None
+        self._ranks_checked = False  # (_check_ranks)
         self._device_args = None if device is None else (device, device_depth)
         self._start_runtime()
         self._initialized = True
@@ -461,11 +471,15 @@ class DataLoader(Generic[T]):
         if self.num_workers > cpus and self.worker_type == "process":
             warnings.warn(
                 f"This DataLoader will create {self.num_workers} worker processes in total. This "
-                f"process may use at most {cpus} CPUs, so too many workers may make loading slow "
+                f"process may use at most {cpus} CPUs: excessive worker creation can make loading slow "
                 "or even freeze it; lower num_workers (or try num_workers='auto').", stacklevel=3)
 
     # torch's private names that tools read (Lightning resets ``_iterator`` when a loop ends,
     # torchdata's helpers read ``_dataset_kind``)
+    def _get_iterator(self) -> Iterator[T]:
+        """A new iterator, as torch's loader makes in ``iter()`` (never torch's own)."""
+        return self.__iter__()
+
     def check_worker_number_rationality(self) -> None:
         """Warn when ``num_workers`` is more than the cores this process may use, as torch does."""
         self._check_worker_count()
@@ -513,6 +527,7 @@ class DataLoader(Generic[T]):
         self._warned_slow = False  # SlowSettingWarning given (once a loader)
         self._slot_pinner = _pinner(self)
         self._device_stage: Any = None
+        self._pipe_group: Any = None  # the gloo group a DataPipe's shuffle seed is shared over (__iter__)
         if self._device_args is not None:
             from .device import DevicePrefetcher, pin
 
@@ -530,7 +545,7 @@ class DataLoader(Generic[T]):
                 track_state=True, state_fn=position)
 
     _RUNTIME = ("_persistent", "_inline", "_runs", "_stats", "_tuner", "_last_ref", "_last_pool",
-                "_recycler", "_slot_pinner", "_device_stage")
+                "_recycler", "_slot_pinner", "_device_stage", "_pipe_group")
 
     def __getstate__(self) -> dict[str, Any]:
         """Its arguments and position, as torch's loader pickles (its dataset, sampler and
@@ -594,12 +609,33 @@ class DataLoader(Generic[T]):
             self._stats.begin()
         else:
             self._stats.run_start()  # the time since the last epoch (or a break) is no step
+        if not self._ranks_checked:
+            self._check_ranks()
         epoch, skip, base_seed, done, replicas = self._epoch, 0, None, [], None
         persistent = self.persistent_workers and self.num_workers > 0
         replayed = None
+        undo = (self._epoch, None, self._ended)  # what a run dropped before its first batch gives back
+        pipe_seed = None
+        if self._iterable and self.seed is None and _torch.is_datapipe(self.dataset):
+            # a DataPipe's shuffles: one draw at every iter(), before the workers' base seed is
+            # drawn (as torch's loader draws them), so that torch.manual_seed(s) before each
+            # epoch repeats its order, with persistent workers (no new base seed) too
+            torch = _torch.get()
+            assert torch is not None
+            drawn = torch.empty((), dtype=torch.int64).random_(generator=self.generator)
+            if group_world_size() > 1:
+                # every rank shuffles alike, then takes its shard: rank 0's draw, as torch's
+                # loader broadcasts it (over a gloo group: the default one may be NCCL's)
+                dist = torch.distributed
+                if self._pipe_group is None:
+                    self._pipe_group = dist.new_group(backend="gloo")
+                dist.broadcast(drawn, src=0, group=self._pipe_group)
+            pipe_seed = int(drawn.item())
         if self._resume is not None:
             self._check_replicas(self._resume)
             resume, self._resume = self._resume, None
+            if not resume["finished"]:  # (an ended epoch's draws are replayed once, here)
+                undo = (self._epoch, resume, self._ended)
             epoch, skip, base_seed = resume["epoch"], resume["batches"], resume.get("base_seed")
             done, replicas = resume.get("done") or [], resume.get("replicas")
             replayed = resume.get("replayed")
@@ -633,6 +669,8 @@ class DataLoader(Generic[T]):
             pool = self._inline_pool(seed)
         run = _Run(self, pool, epoch, skip, owns_pool=not persistent and pool is not self._inline, done=done,
                    replicas=replicas, replayed=replayed)
+        run.undo = undo
+        run.pipe_seed = pipe_seed
         if persistent:
             # torch's loader has one iterator over persistent workers, which iter() resets: an
             # iterator taken before goes on with the new epoch (a batch peeked at mid-epoch,
@@ -650,6 +688,25 @@ class DataLoader(Generic[T]):
                 pool.executor  # noqa: B018 - starts them
             return self._device_stage.wrap(run, exclusive=persistent)
         return run
+
+    def _check_ranks(self) -> None:
+        """Under torch.distributed with more than one rank, a map-style dataset read through a
+        sampler that is not a distributed one gives every rank the whole dataset: say so, once.
+        (Streams shard themselves, or not, inside their own ``__iter__``: a ShardedIterable
+        does, DataPipes are sharded across ranks by the loader, and others cannot be told.)"""
+        world = group_world_size()
+        if world <= 1:
+            return  # (asked again at the next iter(): the group may be made later)
+        self._ranks_checked = True  # the samplers cannot change (they are frozen attributes)
+        if self._iterable or gives_rank_shares(self.sampler) or gives_rank_shares(self.batch_sampler):
+            return
+        given_batches = self.batch_size is None and self.batch_sampler is not None  # batch_sampler= was given
+        shown = self.batch_sampler if given_batches else self.sampler
+        warnings.warn(
+            f"conveyor: torch.distributed runs {world} ranks, but this DataLoader's sampler "
+            f"({type(shown).__name__}) is not a distributed one: every rank will see the whole dataset. "
+            "Give each rank its share with sampler=conveyor.DistributedSampler(dataset) (or torch's "
+            "DistributedSampler), and call its set_epoch(epoch) every epoch.", UserWarning, stacklevel=3)
 
     def _stream_rank_world(self) -> tuple[int, int]:
         """The (rank, world size) a stream is sharded by: a ShardedIterable's own, else this
@@ -1051,6 +1108,58 @@ class DataLoader(Generic[T]):
                 self._persistent.close()
         except Exception:
             pass
+
+
+# The class users get: torch's DataLoader's subclass when torch is installed, so that trainers
+# that test isinstance (Lightning, accelerate) take it for one, else the class above. It is
+# made at its first use, not when conveyor is imported: torch takes 1-2 s to import, which a
+# numpy pipeline, or a spawned worker (which imports conveyor, never the loader class), would
+# pay for nothing. torch's __init__ never runs: the class above shadows every name torch's
+# sets or defines (its properties, __setattr__, __iter__, __len__, _get_iterator,
+# check_worker_number_rationality) and keeps its own state in its own attributes.
+_Loader = DataLoader
+if not TYPE_CHECKING:
+    del DataLoader
+_made: type | None = None
+_making = threading.Lock()
+
+
+def _torch_base() -> type | None:
+    if not _torch.available():
+        return None
+    try:
+        from torch.utils.data import DataLoader as base
+    except ImportError:  # torch blocked or broken: the numpy core still works
+        return None
+    return base  # type: ignore[no-any-return]
+
+
+def _public_class() -> type:
+    global _made
+    with _making:
+        if _made is None:
+            base = _torch_base()
+            if base is None:
+                _made = _Loader
+            else:
+                _Loader.__qualname__ = _Loader.__name__ = "_Loader"  # the name is the subclass's
+                class DataLoader(_Loader[T], base[T]):  # type: ignore[misc, valid-type]
+                    __doc__ = _Loader.__doc__
+                    # its own __init__, so that tools that wrap each subclass's __init__ to
+                    # record its arguments (Lightning does, to rebuild loaders) find it
+                    __init__ = _Loader.__init__
+
+                DataLoader.__module__ = __name__
+                DataLoader.__qualname__ = "DataLoader"
+                _made = DataLoader
+            globals()["DataLoader"] = _made
+        return _made
+
+
+def __getattr__(name: str) -> Any:
+    if name == "DataLoader":
+        return _public_class()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _nbytes(batch: Any) -> int:
@@ -2178,6 +2287,25 @@ class _Run(Generic[T]):
         # per batch: __next__ takes the lean path (see _lean)
         self.lean = False
         self._quick_fetch: Callable[[Any], Any] | None = None
+        self.skipped = skip
+        self.pipe_seed: int | None = None  # (DataLoader.__iter__)
+        # the loader's (epoch counter, resume state, end position) before this run's iter()
+        self.undo: tuple[int, dict[str, Any] | None, dict[str, Any] | None] | None = None
+
+    def _give_back(self) -> bool:
+        """Dropped or closed before handing out a batch (a trainer's probe: Lightning calls
+        iter() once on loaders it does not know), this run gives its epoch back: the next
+        iter() is the epoch this one would have been, with the same ``seed=`` draws, as if
+        iter() had never been called. Not once a later iter() has begun another epoch."""
+        undo, self.undo = self.undo, None
+        loader = self.loader
+        if (undo is None or self.exhausted or self.yielded != self.skipped or loader._epoch != self.epoch + 1
+                or loader._last_run not in (None, self)):
+            return False
+        loader._epoch, resume, loader._ended = undo
+        if resume is not None and loader._resume is None:
+            loader._resume = resume
+        return True
 
     def begin(self) -> None:
         """Begin the sampler's iteration if no batch has been asked for yet: a state names
@@ -2272,6 +2400,59 @@ class _Run(Generic[T]):
         while self.prefix in ahead:
             ahead.discard(self.prefix)
             self.prefix += 1
+
+    # -- torch's iterator's private names, which tools and tests read ----------
+    @property
+    def _workers(self) -> list[Any]:
+        """The worker processes (``multiprocessing.Process``) serving this epoch; none
+        before they start, or with thread workers or none."""
+        ex = self.pool._holder[0] if self.pool._holder else None
+        if not isinstance(ex, ProcessExecutor):
+            return []
+        return [wk.proc for wk in ex.workers if wk is not None]
+
+    @property
+    def _num_workers(self) -> int:
+        return self.loader.num_workers
+
+    @property
+    def _num_yielded(self) -> int:
+        return self.yielded
+
+    @property
+    def _shutdown(self) -> bool:
+        return bool(self.pool.dead)
+
+    def _shutdown_workers(self) -> None:
+        self.close()
+
+    @property
+    def _dataset(self) -> Any:
+        return self.loader.dataset
+
+    @property
+    def _index_sampler(self) -> Any:
+        return self.loader._index_sampler
+
+    @property
+    def _dataset_kind(self) -> int:
+        return self.loader._dataset_kind
+
+    @property
+    def _auto_collation(self) -> bool:
+        return self.loader._auto_collation
+
+    @property
+    def _IterableDataset_len_called(self) -> int | None:  # noqa: N802 - torch's name
+        return self.len_said
+
+    @property
+    def _persistent_workers(self) -> bool:
+        return bool(self.loader.persistent_workers)
+
+    @property
+    def _base_seed(self) -> int:
+        return self.base_seed
 
     # -- iterator protocol --------------------------------------------------
     def __iter__(self) -> _Run[T]:
@@ -2712,7 +2893,7 @@ class _Run(Generic[T]):
             indices = _task_indices(indices)
         seq = self.pool.seq
         self.pool.seq += 1
-        task = Task(seq, self.epoch, indices)
+        task = Task(seq, self.epoch, indices, self.pipe_seed)
         self.inflight[seq] = (worker, task)
         return task
 
@@ -2900,12 +3081,15 @@ class _Run(Generic[T]):
 
     def close(self) -> None:
         self._abandon()
+        self._give_back()  # (after _abandon, which notes where the run ended)
         if self.owns_pool:
             self.pool.close()
 
     def __del__(self) -> None:
         try:
-            if not self.finished:
+            if self._give_back():
+                pass  # never began: nothing to resume from
+            elif not self.finished:
                 ref = self.loader._last_ref
                 if ref is None or ref() in (None, self):
                     self.loader._ended = self.where()  # dropped mid-epoch: resume from here

@@ -422,7 +422,9 @@ class ProcessExecutor:
     def _startup_error(self, w: int, wk: _Worker) -> StartupError:
         code = wk.proc.exitcode
         hint = "" if self.method == "fork" else " " + _startup_hint(self.spec, self.method)
-        return StartupError(f"worker {w} (pid {wk.proc.pid}) exited during start-up with exit code {code}.{hint}")
+        # torch's words first ("DataLoader worker (pid 12) exited unexpectedly"): users match on them
+        return StartupError(f"DataLoader worker (pid {wk.proc.pid}) exited unexpectedly during start-up with exit "
+                            f"code {code} (worker {w}).{hint}")
 
     def _note(self, w: int, wk: _Worker, msg: Result) -> None:
         self.ledger.done(w, msg.seq)

@@ -11,6 +11,7 @@ loader raises :class:`WorkerDied` naming every death.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from .task import Death
 
@@ -23,6 +24,9 @@ class WorkerDied(RuntimeError):
     def __init__(self, message: str, deaths: list[Death]) -> None:
         super().__init__(message)
         self.deaths = deaths
+
+    def __reduce__(self) -> Any:  # (Exception's pickles args alone, and deaths is required)
+        return type(self), (str(self), self.deaths), self.__dict__
 
 
 def _indices(death: Death, limit: int = 8) -> str:
@@ -55,8 +59,9 @@ class Recovery:
                    "position in the stream)")
         else:
             why = f"the restart budget is spent (max_worker_restarts={self.max_restarts})"
-        msg = (f"DataLoader {last.describe()}: {len(self.deaths)} worker death(s) so far, and "
-               f"{why}.\n" + "\n".join(lines))
+        # torch's words first (users match on them), then which worker, how, and why no restart
+        msg = (f"{last.torch_words()} {last.describe()[0].upper()}{last.describe()[1:]}: "
+               f"{len(self.deaths)} worker death(s) so far, and {why}.\n" + "\n".join(lines))
         if any(d.cause is None for d in self.deaths):
             msg += ("\nA worker killed by SIGKILL is often the out-of-memory killer: use fewer workers "
                     "or a smaller prefetch_factor; SIGSEGV/SIGBUS points at native code (a decoder) or "

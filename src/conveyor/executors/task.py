@@ -32,6 +32,9 @@ class Task(NamedTuple):
     seq: int
     epoch: int
     indices: list[int] | None
+    # a DataPipe's shuffle seed for the epoch, drawn in the main process at iter() as torch's
+    # loader draws it (from the loader's generator or the global RNG); None: from the epoch
+    seed: int | None = None
 
 
 @dataclass(slots=True)
@@ -126,6 +129,25 @@ class Death:
         else:
             how = f"exited unexpectedly with exit code {code}"
         return f"worker {self.worker} (pid {self.pid}) {how}"
+
+    def torch_words(self) -> str:
+        """The death as torch's loader words it ("DataLoader worker (pid 12) is killed by
+        signal: Killed."), which users and tools match on."""
+        import signal
+
+        code = self.exitcode
+        if self.cause is not None:
+            how = "was killed by the loader"
+        elif code is None:
+            how = "stopped responding"
+        elif code < 0:
+            try:
+                how = f"is killed by signal: {signal.strsignal(-code) or -code}"
+            except ValueError:
+                how = f"is killed by signal: {-code}"
+        else:
+            how = f"exited unexpectedly with exit code {code}"
+        return f"DataLoader worker (pid {self.pid}) {how}."
 
 
 # -- on the wire ----------------------------------------------------------------

@@ -760,7 +760,8 @@ class Fetcher:
             if _torch.is_datapipe(self.dataset):
                 # every worker's shuffles alike within an epoch: the shards come from one order
                 base = self.spec.seed if self.spec.seed is not None else self.spec.base_seed
-                _torch.seed_datapipe(self.dataset, rng.mix(base, task.epoch, 0xD1E) >> 1)
+                seed = task.seed if task.seed is not None else rng.mix(base, task.epoch, 0xD1E) >> 1
+                _torch.seed_datapipe(self.dataset, seed)
             self.iterator = iter(self.dataset)
             self.iter_epoch = task.epoch
             self.exhausted = False
