@@ -359,6 +359,14 @@ def _worker_options() -> dict[str, Any]:
 WORKERS: dict[str, Any] = _worker_options()
 
 
+def drain(loader: Any) -> list[Any]:
+    """Every batch of one epoch, the loader closed after (also when the epoch raises)."""
+    try:
+        return list(loader)
+    finally:
+        loader.close()
+
+
 def run_script(path: Path, text: str, env: dict[str, str], timeout: float, **kw: Any) -> subprocess.CompletedProcess[str]:
     """Write ``text`` to ``path`` and run it with this Python: output captured as text."""
     path.write_text(text)

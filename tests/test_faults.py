@@ -21,20 +21,13 @@ import torch
 import torch.utils.data as tud
 
 import conveyor
-from helpers import WORKERS, Failing, Snapshot, Squares, Stream, assert_no_leaks, children, run_script
+from helpers import WORKERS, Failing, Snapshot, Squares, Stream, assert_no_leaks, children, drain, run_script
 
 KINDS = {
     "process": {"num_workers": 2, "worker_type": "process", **WORKERS},
     "thread": {"num_workers": 2, "worker_type": "thread", **WORKERS},
     "inline": {"num_workers": 0},
 }
-
-
-def drain(loader: Any) -> list[Any]:
-    try:
-        return list(loader)
-    finally:
-        loader.close()
 
 
 # --------------------------------------------------------------------------- exceptions

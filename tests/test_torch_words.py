@@ -17,14 +17,7 @@ import conveyor
 from conveyor.errors import Failure, RemoteTraceback, WorkerError, capture
 from conveyor.executors.processes import StartupError
 from conveyor.executors.task import Death, Task
-from helpers import WORKERS, Failing, Snapshot, assert_no_leaks
-
-
-def drain(loader: Any) -> list[Any]:
-    try:
-        return list(loader)
-    finally:
-        loader.close()
+from helpers import WORKERS, Failing, Snapshot, assert_no_leaks, drain
 
 
 # --------------------------------------------------------------------------- worker errors
