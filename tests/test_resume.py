@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 from helpers import Stream
 from test_determinism import Noisy
 
+import conveyor
 from conveyor import (
     ArrayDataset,
     DataLoader,
@@ -1019,6 +1020,7 @@ def test_a_state_taken_between_iter_and_the_first_batch_resumes_that_epoch(sampl
         it = iter(first)
         with warnings.catch_warnings():
             warnings.simplefilter("error")  # nothing to warn about
+            warnings.simplefilter("ignore", conveyor.SlowSettingWarning)  # (microsecond batches, 2 workers)
             state, rng = json.loads(json.dumps(first.state_dict())), torch.get_rng_state()
         want = [b.tolist() for b in it] + [b.tolist() for b in first]  # epochs 1 and 2
     torch.manual_seed(123)  # another process, as far as the global RNG goes
@@ -1028,6 +1030,7 @@ def test_a_state_taken_between_iter_and_the_first_batch_resumes_that_epoch(sampl
         second.load_state_dict(state)
         with warnings.catch_warnings():
             warnings.simplefilter("error")
+            warnings.simplefilter("ignore", conveyor.SlowSettingWarning)
             got = [b.tolist() for b in second] + [b.tolist() for b in second]
     assert state["epoch"] == 1 and state["batches"] == 0
     assert got == want

@@ -3034,7 +3034,6 @@ class _Run(Generic[T]):
         rng_lock.put_back()  # the training loop's RNGs back from thread workers
         self.loader._ended = self.where()
         self.stats.epoch_end()
-        self.loader._warn_if_workers_lose()
         pool = self.pool
         if pool.launched and not pool.persistent and not pool.dead:
             if not pool.delivered and pool.starting():
@@ -3058,6 +3057,8 @@ class _Run(Generic[T]):
             if not any(r is not self and r.pool is pool and not r.finished for r in list(self.loader._runs)):
                 self.loader._inline = None
                 pool.close()
+        # last: under warnings-as-errors it raises in place of StopIteration, the epoch closed
+        self.loader._warn_if_workers_lose()
 
     def _abandon(self) -> None:
         """A new epoch starts on the same (persistent) workers: drop this one."""
