@@ -107,3 +107,39 @@ class Raises:
         if i == self.bad:
             raise KeyError(i)
         return self.rows[i][0]
+
+
+def private_dirty(a: np.ndarray) -> int:
+    """Bytes of the mappings holding ``a`` that this process has written privately (copied on
+    write from its parent's pages, or its own): /proc/self/smaps' Private_Dirty, summed over
+    every mapping ``a`` spans (numpy's huge-page advice splits a large allocation in several)."""
+    lo_a = int(a.__array_interface__["data"][0])
+    hi_a = lo_a + a.nbytes
+    inside = False
+    total = 0
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            head = line.split(None, 1)[0]
+            if "-" in head and not head.endswith(":"):
+                lo, hi = (int(x, 16) for x in head.split("-"))
+                inside = lo < hi_a and hi > lo_a
+            elif inside and head == "Private_Dirty:":
+                total += int(line.split()[1]) * 1024
+    return total
+
+
+class ForkRows:
+    """64 MiB of rows in an ArrayDataset (its own mapping: past malloc's largest heap
+    allocation); sample i reads row i and says how much of the rows' mapping this process
+    holds privately by then."""
+
+    def __init__(self) -> None:
+        self.rows = ArrayDataset(np.ones((ROWS * 64, 1024), dtype=np.uint8))
+
+    def __len__(self) -> int:
+        return ROWS * 64
+
+    def __getitem__(self, i: int) -> tuple[int, int]:
+        # (smaps is read at the end of each batch of 4096 only: a read costs milliseconds)
+        dirty = private_dirty(self.rows.arrays[0]) if i % 4096 == 4095 else 0
+        return int(self.rows[i][0].sum()), dirty

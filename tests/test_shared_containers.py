@@ -26,7 +26,7 @@ import conveyor
 from conveyor.report import report
 from conveyor.transport import share
 from helpers import Snapshot, assert_no_leaks, pid_alive, shm_entries, wait_until
-from shared_data import ROWS, Plain, Raises, buffers_of, where, zoo
+from shared_data import ROWS, ForkRows, Plain, Raises, buffers_of, where, zoo
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/<pid>/maps")
 
@@ -251,3 +251,16 @@ def test_what_cannot_be_shared_is_counted_as_pickled() -> None:
     assert stats["dataset_pickle_bytes"] > 2_000_000  # the list went through the pipe
     assert stats["dataset_shared_bytes"] == 0
     assert stats["dataset_pickle_s"] > 0
+
+
+@pytest.mark.timeout(120)
+def test_forked_workers_read_the_containers_without_copying_them() -> None:
+    # fork shares the main process's pages: reading the rows writes none of them, so no
+    # worker ends up with a copy of its own (the containers' arrays are never written)
+    ds = ForkRows()
+    with loader(ds, "fork", batch_size=4096) as dl:
+        batches = list(dl)
+    assert sum(int(b[0].sum()) for b in batches) == ds.rows.arrays[0].size
+    copied = max(int(b[1].max()) for b in batches)
+    assert 0 <= copied < ds.rows.arrays[0].nbytes // 16, copied  # every row read, (almost) none copied
+    assert share.located(ds.rows.arrays[0]) is None  # fork needs no shared segment
