@@ -78,6 +78,7 @@ def tree_cpu() -> float:
 
 def one(variant: str, mb: int, method: str) -> dict[str, Any]:
     import numpy as np
+    import torch  # imported by the training script in every case (else conveyor's first batch imports it)
 
     n = mb * 1_000_000 // ROW
     x = np.empty((n, ROW), dtype=np.uint8)
@@ -86,8 +87,6 @@ def one(variant: str, mb: int, method: str) -> dict[str, Any]:
     y = np.arange(n, dtype=np.int64)
     nbytes = x.nbytes + y.nbytes
     if variant in ("torch", "conv+TD"):
-        import torch
-
         ds: Any = torch.utils.data.TensorDataset(torch.from_numpy(x), torch.from_numpy(y))
     elif variant == "conv+AD":
         from conveyor import ArrayDataset
@@ -97,8 +96,6 @@ def one(variant: str, mb: int, method: str) -> dict[str, Any]:
         ds = UserArrays(x, y)
     del x, y  # the dataset holds the data, as with ArrayDataset(np.load(...))
     if variant == "torch":
-        import torch
-
         dl: Any = torch.utils.data.DataLoader(ds, batch_size=64, num_workers=2, multiprocessing_context=method)
     else:
         import conveyor

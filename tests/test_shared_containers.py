@@ -264,3 +264,19 @@ def test_forked_workers_read_the_containers_without_copying_them() -> None:
     copied = max(int(b[1].max()) for b in batches)
     assert 0 <= copied < ds.rows.arrays[0].nbytes // 16, copied  # every row read, (almost) none copied
     assert share.located(ds.rows.arrays[0]) is None  # fork needs no shared segment
+
+
+def test_pickled_elsewhere_the_containers_carry_their_data() -> None:
+    # only a worker's start passes buffers by reference: pickle.dumps (to a file, to another
+    # machine) still holds the data, also for arrays already moved into shared memory
+    import pickle
+
+    rows = np.arange(ROWS * 1024, dtype=np.uint8).reshape(ROWS, 1024)
+    ds = conveyor.ArrayDataset(rows)
+    ds.arrays = (share.place(ds.arrays[0]),)
+    strings = share.adopt((np.frombuffer(b"x" * (2 << 20), dtype=np.uint8),))[0]
+    assert share.located(ds.arrays[0]) is not None and share.located(strings) is not None
+    data = pickle.dumps(ds)
+    assert len(data) > rows.nbytes
+    np.testing.assert_array_equal(pickle.loads(data).arrays[0], rows)
+    assert pickle.loads(pickle.dumps(strings)).tobytes() == b"x" * (2 << 20)

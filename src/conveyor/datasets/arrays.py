@@ -66,7 +66,7 @@ class ArrayDataset(Dataset[tuple[Any, ...]]):
     def __len__(self) -> int:
         return self._length
 
-    def _ship_(self) -> Any:
+    def _conveyor_ship_(self) -> Any:
         """Sent to a spawned or forkserver worker: large numpy arrays move, once, into shared
         memory that this dataset keeps as its data from then on, and travel by reference
         (``conveyor.transport.share``). The dataset then holds its own copy: changes made

@@ -210,7 +210,7 @@ class ImageFolder(Dataset[tuple[Any, Any]]):
             target = self.target_transform(target)
         return image, target
 
-    def _ship_(self) -> Any:
+    def _conveyor_ship_(self) -> Any:
         """Sent to a spawned or forkserver worker: the targets (a large array) move into shared
         memory kept as this dataset's own, as the paths' buffers do (StringArray)."""
         from conveyor.transport import share

@@ -181,7 +181,7 @@ class StringArray(Sequence[str]):
 
     __hash__ = None  # type: ignore[assignment]
 
-    def _ship_(self) -> tuple[Any, ...]:
+    def _conveyor_ship_(self) -> tuple[Any, ...]:
         """Sent to a spawned or forkserver worker: the two buffers move, once, into shared
         memory this array keeps, and travel by reference (``conveyor.transport.share``)."""
         self._data, self._offsets = share.adopt((self._data, self._offsets))

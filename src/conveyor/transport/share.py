@@ -337,7 +337,7 @@ class ShipPickler(reduction.ForkingPickler):
         t = type(obj)
         if t is np.ndarray or t is np.memmap:
             return self._array(obj)
-        ship = getattr(t, "_ship_", None)
+        ship = getattr(t, "_conveyor_ship_", None)
         if ship is not None and callable(ship):
             return ship(obj)
         return NotImplemented
