@@ -145,7 +145,9 @@ class Stats:
     sized_batches: int = 0  # batches that came with a byte size
     # spawned and forkserver workers receive the dataset pickled: the main process's time
     # pickling it for them, how many starts, the largest pickle, the most array bytes one
-    # start passed by reference instead (transport.share)
+    # start passed by reference instead, and the time moving arrays into shared memory for
+    # that (once an array: transport.share)
+    moved_s: float = 0.0
     pickle_s: float = 0.0
     pickle_starts: int = 0
     pickle_bytes: int = 0
@@ -340,9 +342,11 @@ class Stats:
         self.last_handed = None
         self.epochs += 1
 
-    def shipped(self, seconds: float, nbytes: int, shared: int) -> None:
+    def shipped(self, seconds: float, nbytes: int, shared: int, moved: float = 0.0) -> None:
         """A spawned or forkserver worker's start pickled its dataset (and the rest of its
-        spec) in ``seconds``: ``nbytes`` pickled, ``shared`` bytes of arrays by reference."""
+        spec) in ``seconds``: ``nbytes`` pickled, ``shared`` bytes of arrays by reference,
+        after ``moved`` seconds moving arrays into shared memory."""
+        self.moved_s += moved
         self.pickle_s += seconds
         self.pickle_starts += 1
         self.pickle_bytes = max(self.pickle_bytes, nbytes)
@@ -414,6 +418,7 @@ class Stats:
             "dataset_pickles": self.pickle_starts,
             "dataset_pickle_bytes": self.pickle_bytes,
             "dataset_shared_bytes": self.shared_bytes,
+            "dataset_moved_s": self.moved_s,
         }
 
 

@@ -163,7 +163,7 @@ class ProcessExecutor:
 
     def __init__(self, spec: WorkerSpec | Callable[[], WorkerSpec], num_workers: int, context: Any = None,
                  *, pinner: Any = None, private_files: Callable[[], tuple[int, ...]] | None = None,
-                 collect: bool = True, shipped: Callable[[float, int, int], None] | None = None) -> None:
+                 collect: bool = True, shipped: Callable[[float, int, int, float], None] | None = None) -> None:
         if context is None:
             context = mp.get_context()
         elif isinstance(context, str):
@@ -297,7 +297,7 @@ class ProcessExecutor:
                              "(defined at module level, not a lambda or a local function).")
             raise
         if isinstance(spec, share.Shipped) and self._shipped is not None:
-            self._shipped(spec.seconds, spec.nbytes, spec.shared)
+            self._shipped(spec.seconds, spec.nbytes, spec.shared, spec.moved_s)
         held.deliver()  # a Ctrl-C while forking: now, with the worker recorded for close() to stop
         return wk
 

@@ -63,6 +63,7 @@ _lock = threading.Lock()
 _starts: list[int] = []  # sorted start addresses of the live segments of this process
 _spans: dict[int, tuple[int, int]] = {}  # start -> (end, descriptor)
 _warned = False
+_moving = threading.local()  # seconds this thread spent copying arrays into segments (``place``)
 
 
 @dataclass
@@ -134,10 +135,12 @@ def _shareable(a: Any) -> bool:
 def place(a: np.ndarray) -> np.ndarray:
     """A copy of ``a`` in a new segment (same shape, dtype, memory order and writability);
     raises OSError where shared memory cannot be had."""
+    t0 = time.perf_counter()
     order = "F" if a.flags.f_contiguous and not a.flags.c_contiguous else "C"
     seg = _anonymous(max(1, a.nbytes))
     out = np.ndarray(a.shape, dtype=a.dtype, buffer=seg.buf, order=order)
     np.copyto(out, a, casting="no")
+    _moving.s = getattr(_moving, "s", 0.0) + time.perf_counter() - t0
     if not a.flags.writeable:
         out.flags.writeable = False
     return out
@@ -381,22 +384,25 @@ class Shipped:
     reference. Only meaningful while multiprocessing starts a process (the descriptors are
     registered with that process)."""
 
-    __slots__ = ("spec", "registry", "seconds", "nbytes", "shared")
+    __slots__ = ("spec", "registry", "seconds", "moved_s", "nbytes", "shared")
 
     def __init__(self, spec: Any, registry: Registry | None = None) -> None:
         self.spec = spec
         self.registry = registry
-        self.seconds = 0.0
+        self.seconds = 0.0  # pickling, the moves into shared memory left out
+        self.moved_s = 0.0  # moving arrays into shared memory (once for each array)
         self.nbytes = 0
         self.shared = 0
 
     def __reduce__(self) -> tuple[Any, ...]:
+        moved = getattr(_moving, "s", 0.0)
         t0 = time.perf_counter()
         buf = io.BytesIO()
         pickler = ShipPickler(buf, self.registry)
         pickler.dump(self.spec)
         data = buf.getvalue()
-        self.seconds = time.perf_counter() - t0
+        self.moved_s = getattr(_moving, "s", 0.0) - moved
+        self.seconds = max(0.0, time.perf_counter() - t0 - self.moved_s)
         self.nbytes = len(data)
         self.shared = pickler.shared
         if self.registry is not None:
