@@ -33,6 +33,11 @@ HANDOFF = 5e-4  # seconds a batch from a worker costs the main process, roughly:
 # batches a few microseconds apart are no finding.
 LOSE_RATIO = 1.5
 LOSE_MIN_S = 0.01
+# a spawned or forkserver worker's start that pickles more than this (seconds, or bytes) is
+# worth a word: the worker unpickles it as long again, and a start's pickle is written to the
+# child before the next worker is started
+PICKLE_S = 0.1
+PICKLE_BYTES = 64 << 20
 
 
 def _mean_batch(snap: dict[str, Any]) -> tuple[float, float | None]:
@@ -133,6 +138,26 @@ def _why_slow_though_enough(snap: dict[str, Any], nw: int, mean: float) -> str:
         return (f"{ready:.1f} batches were ready on average, so the wait ({per * 1e3:.2f} ms a batch) is the "
                 "main process taking each batch in, which a larger prefetch_factor does not shorten")
     return "the time goes to handing batches over; raise prefetch_factor"
+
+
+def _pickled_dataset(snap: dict[str, Any]) -> str | None:
+    """Did starting spawned or forkserver workers pickle a large dataset (what shared memory
+    could not carry: Python objects, many small arrays)? Where the time went, and what to do."""
+    starts = int(snap.get("dataset_pickles") or 0)
+    if not starts:
+        return None
+    seconds = float(snap.get("dataset_pickle_s") or 0.0)
+    nbytes = int(snap.get("dataset_pickle_bytes") or 0)
+    each = seconds / starts
+    if each < PICKLE_S and nbytes < PICKLE_BYTES:
+        return None
+    shared = int(snap.get("dataset_shared_bytes") or 0)
+    passed = f"; {shared / 1e6:.0f} MB of arrays went by shared memory" if shared >= 1e6 else ""
+    once = "" if snap.get("persistent_workers") else " (persistent_workers=True pays it once)"
+    return (f"starting the workers spent {seconds:.2f} s pickling the dataset ({starts} start(s), up to "
+            f"{nbytes / 1e6:.0f} MB each, which each worker unpickles again{passed}): keep the data in numpy "
+            "arrays of 1 MB or more (ArrayDataset for rows, StringArray for strings), which spawned and "
+            f"forkserver workers map from shared memory, or use multiprocessing_context='fork'{once}")
 
 
 def _start_up(snap: dict[str, Any]) -> str | None:
@@ -402,6 +427,9 @@ def report(snap: dict[str, Any], cores: int | None = None) -> str:
     if restarts or deaths:
         how = f"; {deaths[0]}" if deaths else ""
         parts.append(f"{restarts} worker restart(s){how}")
+    pickled = _pickled_dataset(snap)
+    if pickled is not None:
+        parts.append(pickled)
     first_s = snap.get("first_batch_s")
     step = snap.get("step_per_batch_s") or 0.0
     said_first = any("first batch" in p for p in parts)  # (the start-up's share of the wait: its own numbers)

@@ -146,6 +146,15 @@ class Stats:
     queue_depth_sum: int = 0
     batch_bytes: int = 0  # sum of reported batch sizes in bytes
     sized_batches: int = 0  # batches that came with a byte size
+    # spawned and forkserver workers receive the dataset pickled: the main process's time
+    # pickling it for them, how many starts, the largest pickle, the most array bytes one
+    # start passed by reference instead, and the time moving arrays into shared memory for
+    # that (once an array: transport.share)
+    moved_s: float = 0.0
+    pickle_s: float = 0.0
+    pickle_starts: int = 0
+    pickle_bytes: int = 0
+    shared_bytes: int = 0
     # batches the main process made and handed out by the lean path, five doubles each
     # (start, end, asked, got, samples), not yet in the totals or the trace: see ``made_here``
     pending: array.array = field(init=False)
@@ -336,6 +345,16 @@ class Stats:
         self.last_handed = None
         self.epochs += 1
 
+    def shipped(self, seconds: float, nbytes: int, shared: int, moved: float = 0.0) -> None:
+        """A spawned or forkserver worker's start pickled its dataset (and the rest of its
+        spec) in ``seconds``: ``nbytes`` pickled, ``shared`` bytes of arrays by reference,
+        after ``moved`` seconds moving arrays into shared memory."""
+        self.moved_s += moved
+        self.pickle_s += seconds
+        self.pickle_starts += 1
+        self.pickle_bytes = max(self.pickle_bytes, nbytes)
+        self.shared_bytes = max(self.shared_bytes, shared)
+
     def skipped(self, failures: tuple[Failure, ...] | list[Failure]) -> None:
         self.failure_count += len(failures)
         room = FAILURES_KEPT - len(self.failures)
@@ -399,6 +418,11 @@ class Stats:
             "failure_count": self.failure_count,
             "deaths": list(self.deaths),
             "restarts": self.restarts,
+            "dataset_pickle_s": self.pickle_s,
+            "dataset_pickles": self.pickle_starts,
+            "dataset_pickle_bytes": self.pickle_bytes,
+            "dataset_shared_bytes": self.shared_bytes,
+            "dataset_moved_s": self.moved_s,
         }
 
 

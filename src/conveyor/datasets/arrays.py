@@ -19,6 +19,7 @@ import numpy as np
 
 from conveyor import _torch
 from conveyor.datasets.base import Dataset
+from conveyor.transport import share
 
 __all__ = ["ArrayDataset"]
 
@@ -31,6 +32,9 @@ class ArrayDataset(Dataset[tuple[Any, ...]]):
     All arrays must share their first dimension. ``dataset[i]`` is
     ``(a[i] for a in arrays)`` as a tuple, like ``TensorDataset``;
     ``gather(indices)`` builds the collated batch with one gather per array.
+    Spawned and forkserver workers map the arrays from shared memory (the
+    first such start moves them there) or from the file an ``np.memmap`` /
+    ``np.load(mmap_mode=...)`` array reads: no copy per worker.
 
     >>> ds = ArrayDataset(np.arange(8.0).reshape(4, 2), np.array([0, 1, 1, 0]))
     >>> ds.gather([3, 1], output="numpy")
@@ -61,6 +65,14 @@ class ArrayDataset(Dataset[tuple[Any, ...]]):
 
     def __len__(self) -> int:
         return self._length
+
+    def _conveyor_ship_(self) -> Any:
+        """Sent to a spawned or forkserver worker: large numpy arrays move, once, into shared
+        memory that this dataset keeps as its data from then on, and travel by reference
+        (``conveyor.transport.share``). The dataset then holds its own copy: changes made
+        afterwards to an array passed in no longer show in it."""
+        self.arrays = share.adopt(self.arrays)
+        return NotImplemented
 
     def __getitem__(self, index: int) -> tuple[Any, ...]:
         return tuple(a[index] for a in self.arrays)

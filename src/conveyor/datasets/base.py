@@ -155,6 +155,14 @@ class TensorDataset(Dataset[tuple[Any, ...]]):
     def __len__(self) -> int:
         return _first_dim(self.tensors[0])
 
+    def _conveyor_ship_(self) -> Any:
+        """Sent to a spawned or forkserver worker: large numpy arrays move, once, into shared
+        memory kept as this dataset's data (tensors go to shared memory through torch)."""
+        from conveyor.transport import share
+
+        self.tensors = share.adopt(tuple(self.tensors))
+        return NotImplemented
+
 
 class StackDataset(Dataset[Any]):
     """Zips datasets of equal length: positional ones give tuples, named ones dicts.

@@ -210,5 +210,13 @@ class ImageFolder(Dataset[tuple[Any, Any]]):
             target = self.target_transform(target)
         return image, target
 
+    def _conveyor_ship_(self) -> Any:
+        """Sent to a spawned or forkserver worker: the targets (a large array) move into shared
+        memory kept as this dataset's own, as the paths' buffers do (StringArray)."""
+        from conveyor.transport import share
+
+        self.targets = share.adopt_one(self.targets)
+        return NotImplemented
+
     def __repr__(self) -> str:
         return f"ImageFolder({self.root!r}, {len(self)} images, {len(self.classes)} classes)"

@@ -10,7 +10,8 @@ so page by page every worker ends up with a private copy of the whole list
 
 and builds a fresh ``str`` on each access, so the big buffers are only ever
 read and stay shared between the parent and its workers. It pickles as the
-two buffers, so spawned workers receive bytes, not millions of objects.
+two buffers, and spawned or forkserver workers map those from shared memory
+(``conveyor.transport.share``): no copy per worker, not millions of objects.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, SupportsIndex, overload
 
 import numpy as np
+
+from conveyor.transport import share
 
 __all__ = ["StringArray"]
 
@@ -178,6 +181,12 @@ class StringArray(Sequence[str]):
 
     __hash__ = None  # type: ignore[assignment]
 
+    def _conveyor_ship_(self) -> tuple[Any, ...]:
+        """Sent to a spawned or forkserver worker: the two buffers move, once, into shared
+        memory this array keeps, and travel by reference (``conveyor.transport.share``)."""
+        self._data, self._offsets = share.adopt((self._data, self._offsets))
+        return (_from_buffers, (self._data, self._offsets))
+
     def __reduce__(self) -> tuple[Any, ...]:
         # Ship the bytes and each string's length in the smallest unsigned dtype
         # that fits (usually 1 byte a string), not 8-byte offsets.
@@ -192,6 +201,12 @@ class StringArray(Sequence[str]):
         head = ", ".join(repr(s) for s in self[: min(n, 3)])
         more = f", ... ({n} strings)" if n > 3 else ""
         return f"StringArray([{head}{more}])"
+
+
+def _from_buffers(data: np.ndarray, offsets: np.ndarray) -> StringArray:
+    out = StringArray.__new__(StringArray)
+    out._set(data, offsets)
+    return out
 
 
 def _rebuild(data: np.ndarray, lengths: np.ndarray) -> StringArray:

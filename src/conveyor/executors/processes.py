@@ -28,6 +28,7 @@ from typing import Any
 
 from .. import transport
 from ..errors import rebuild
+from ..transport import share
 from .base import Event, Ledger
 from .task import Death, Doorbell, Hello, Inbox, Order, Result, Task, send
 from .worker import WorkerSpec, serve, stack_path
@@ -162,7 +163,7 @@ class ProcessExecutor:
 
     def __init__(self, spec: WorkerSpec | Callable[[], WorkerSpec], num_workers: int, context: Any = None,
                  *, pinner: Any = None, private_files: Callable[[], tuple[int, ...]] | None = None,
-                 collect: bool = True) -> None:
+                 collect: bool = True, shipped: Callable[[float, int, int, float], None] | None = None) -> None:
         if context is None:
             context = mp.get_context()
         elif isinstance(context, str):
@@ -186,6 +187,11 @@ class ProcessExecutor:
             _swept = True
             transport.sweep_stale()  # what killed runs left in /dev/shm: once a process
         self.views = transport.Views(pinner)
+        # a spawned or forkserver worker receives the spec pickled: its arrays travel by
+        # reference (transport.share), the copies of those no container holds kept here for
+        # every worker of this pool; ``shipped`` hears what each start pickled
+        self.shares = share.Registry()
+        self._shipped = shipped
         self.workers: list[_Worker | None] = [None] * num_workers
         self.gens = [0] * num_workers
         self.closed = False
@@ -238,9 +244,11 @@ class ProcessExecutor:
         private = self._private_files() if self._private_files is not None and self.method == "fork" else ()
         # a forked child inherits the bell's descriptor; a spawned one would need it sent
         bell = Doorbell.make() if self.method == "fork" else None
+        # a forked worker inherits the spec as it is; any other is sent it pickled
+        spec: Any = self.spec if self.method == "fork" else share.Shipped(self.spec, self.shares)
         proc = self.ctx.Process(
             target=serve,
-            args=(self.spec, w, gen, task_r, res_w, self.parent_pid, self.prefix, private, bell,
+            args=(spec, w, gen, task_r, res_w, self.parent_pid, self.prefix, private, bell,
                   self.method == "spawn"),
             name=f"conveyor-worker-{w}",
             daemon=True,
@@ -288,6 +296,8 @@ class ProcessExecutor:
                              "dataset, collate_fn and worker_init_fn: each must be picklable "
                              "(defined at module level, not a lambda or a local function).")
             raise
+        if isinstance(spec, share.Shipped) and self._shipped is not None:
+            self._shipped(spec.seconds, spec.nbytes, spec.shared, spec.moved_s)
         held.deliver()  # a Ctrl-C while forking: now, with the worker recorded for close() to stop
         return wk
 
@@ -722,6 +732,7 @@ class ProcessExecutor:
                 if self.workers[w] is wk:
                     self.workers[w] = None
         self.views.close()
+        self.shares.close()
         transport.sweep(self.prefix)
         _sweep_stacks(self.prefix)
         if self.froze:

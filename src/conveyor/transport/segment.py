@@ -137,13 +137,48 @@ class Segment:
     True
     """
 
-    __slots__ = ("name", "size", "mm", "buf", "__weakref__")
+    __slots__ = ("name", "size", "mm", "buf", "fd", "__weakref__")
 
-    def __init__(self, name: str, size: int, mm: mmap.mmap) -> None:
+    def __init__(self, name: str, size: int, mm: mmap.mmap, fd: int = -1) -> None:
         self.name = name
         self.size = size
         self.mm = mm
         self.buf = memoryview(mm)
+        self.fd = fd  # a segment without a name is reached through its descriptor
+
+    @classmethod
+    def anonymous(cls, size: int) -> Segment:
+        """A segment no name leads to: only its descriptor (``fd``, kept open) and mappings
+        reach it, and it goes with the last of them, however the processes end. memfd_create
+        where there is one (Linux; outside /dev/shm's size limit too), else a name of this
+        process unlinked at once (``sweep_stale`` finds one a kill left in between)."""
+        if _posixshmem is None and not hasattr(os, "memfd_create"):
+            raise OSError("POSIX shared memory is not available on this platform")
+        size = max(PAGE, -(-size // PAGE) * PAGE)
+        if hasattr(os, "memfd_create"):
+            fd = os.memfd_create("conveyor", getattr(os, "MFD_CLOEXEC", 0))
+        else:  # pragma: no cover - macOS, the BSDs
+            name = new_prefix() + "anon"
+            fd = _posixshmem.shm_open("/" + name, os.O_CREAT | os.O_EXCL | os.O_RDWR, mode=0o600)
+            _posixshmem.shm_unlink("/" + name)
+        try:
+            try:
+                os.posix_fallocate(fd, 0, size)  # no memory: ENOSPC here, not a SIGBUS on a copy later
+            except (AttributeError, OSError) as exc:
+                if isinstance(exc, OSError) and exc.errno not in (None, 95, 22):  # EOPNOTSUPP, EINVAL
+                    raise
+                os.ftruncate(fd, size)
+            mm = mmap.mmap(fd, size)
+        except BaseException:
+            os.close(fd)
+            raise
+        return cls("", size, mm, fd)
+
+    @classmethod
+    def from_fd(cls, fd: int, size: int) -> Segment:
+        """Map a segment passed as a descriptor copy-on-write: its pages are read where they
+        are, and a write makes a private copy of the page written (the caller keeps ``fd``)."""
+        return cls("", size, mmap.mmap(fd, size, flags=mmap.MAP_PRIVATE))
 
     @classmethod
     def create(cls, name: str, size: int, *, prefault: bool = True) -> Segment:

@@ -1,0 +1,283 @@
+"""Spawned and forkserver workers map a dataset's numpy buffers; they are not pickled to them.
+
+conveyor's containers move their large arrays into shared memory the first time such a
+worker starts (an array mapped from a file travels as its path), and a user's own dataset's
+arrays are copied there once for all the workers of a pool. Each worker's start then pickles
+a few kilobytes, whatever the data's size, and every process reads the same pages. The
+segments have no name (nothing in /dev/shm to leave behind): what is checked after each way
+of stopping is that no process, descriptor or mapping of them is left.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import conveyor
+from conveyor.report import report
+from conveyor.transport import share
+from helpers import Snapshot, assert_no_leaks, pid_alive, shm_entries, wait_until
+from shared_data import ROWS, ForkRows, Plain, Raises, buffers_of, where, zoo
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/<pid>/maps")
+
+METHODS = ["spawn", "forkserver"]
+
+
+def loader(dataset: Any, method: str, **kw: Any) -> conveyor.DataLoader[Any]:
+    kw.setdefault("num_workers", 1)
+    kw.setdefault("batch_size", 64)
+    return conveyor.DataLoader(dataset, multiprocessing_context=method, adaptive=False, **kw)
+
+
+def memfd_maps(pid: int | str = "self") -> list[str]:
+    """The mappings of anonymous shared segments (memfd) in a process."""
+    try:
+        with open(f"/proc/{pid}/maps") as f:
+            return [line for line in f if "memfd:conveyor" in line]
+    except OSError:
+        return []
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("method", METHODS)
+def test_each_container_reaches_the_worker_by_reference(method: str, tmp_path: Path) -> None:
+    ds = zoo(str(tmp_path))
+    size = sum(b.nbytes for c in ds.containers.values() for b in buffers_of(c) if b.nbytes >= share.MIN_BYTES)
+    with loader(ds, method) as dl:
+        batches = list(dl)
+        stats = dl.stats()
+    assert len(batches) == ROWS // 64
+    # the start pickled the small arrays (the labels), not the 6 MiB of large buffers, which
+    # went by reference
+    assert stats["dataset_pickles"] == 1
+    assert stats["dataset_pickle_bytes"] < size // 16, (stats["dataset_pickle_bytes"], size)
+    assert stats["dataset_shared_bytes"] >= size, (stats["dataset_shared_bytes"], size)
+    assert stats["dataset_moved_s"] > 0  # timed apart: report() does not call the move pickling
+    worker = {b["pid"][0].item() for b in batches}
+    assert worker and os.getpid() not in worker
+    first = batches[0]
+    for name, c in ds.containers.items():
+        here = where(buffers_of(c)[0])
+        there = first[f"{name}_at"][0]
+        if name == "plain":
+            # the user's array stays theirs; the worker maps the pool's copy of it
+            assert here is None and there != "None", (name, here, there)
+        else:
+            # the container now reads the very pages (or file) the worker reads
+            assert here is not None and there == str(here), (name, here, there)
+    mapped = ds.containers["mapped"].arrays[0]
+    assert isinstance(mapped, np.memmap) and share.located(mapped) is None  # read where it is, not copied
+    rows = np.arange(ROWS * 1024, dtype=np.uint8).reshape(ROWS, 1024)
+    got = {k: np.concatenate([np.asarray(b[k]) for b in batches]) for k in ("array", "mapped", "tensors", "plain")}
+    np.testing.assert_array_equal(got["array"], rows)
+    np.testing.assert_array_equal(got["mapped"], rows + 1)
+    np.testing.assert_array_equal(got["tensors"], rows + 2)
+    np.testing.assert_array_equal(got["plain"], rows + 3)
+    strings = [s for b in batches for s in b["strings"]]
+    assert strings == list(ds.containers["strings"])
+    csv = np.concatenate([np.asarray(b["csv"]) for b in batches])
+    np.testing.assert_array_equal(csv, ds.containers["csv"].features[:ROWS])
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("method", METHODS)
+def test_a_replacement_worker_maps_the_same_buffers(method: str, tmp_path: Path) -> None:
+    ds = zoo(str(tmp_path))
+    with loader(ds, method, max_worker_restarts=1, persistent_workers=True) as dl:
+        it = iter(dl)
+        first = next(it)
+        pid = first["pid"][0].item()
+        spans = dict(share._spans)
+        os.kill(pid, signal.SIGKILL)
+        rest = list(it)
+        stats = dl.stats()
+        now = dict(share._spans)  # (the pool keeps its copy for the plain dataset while it persists)
+    assert stats["restarts"] == 1
+    assert len(rest) == ROWS // 64 - 1
+    later = {b["pid"][0].item() for b in rest[-2:]}
+    assert pid not in later
+    for name in ds.containers:
+        # the same segment (or file) as the first worker mapped, no new copy made for it
+        assert rest[-1][f"{name}_at"][0] == first[f"{name}_at"][0], name
+    assert now == spans
+    assert stats["dataset_pickles"] == 2 and stats["dataset_pickle_bytes"] < 256 << 10
+
+
+def _iterate(ds: Any, how: str) -> None:
+    dl = loader(ds, "spawn")
+    it = iter(dl)
+    next(it)
+    if how == "close":
+        dl.close()
+    elif how == "del":
+        del it, dl
+    elif how == "exception":
+        with pytest.raises(KeyError):
+            list(it)
+        del it, dl
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("how", ["close", "del", "exception"])
+def test_nothing_is_left_after_close_del_or_an_error(how: str) -> None:
+    before = Snapshot.take()
+    mapped = len(memfd_maps())
+
+    def run() -> None:
+        ds = Raises(bad=ROWS - 5 if how == "exception" else -1)
+        ds.plain = Plain(np.ones((ROWS, 1024), dtype=np.uint8))  # a copy the pool holds
+        _iterate(ds, how)
+        # the container's data is in shared memory now, mapped here until it goes
+        assert share.located(ds.rows.arrays[0]) is not None
+        assert len(memfd_maps()) > mapped
+
+    run()
+    gc.collect()
+    assert_no_leaks(before)  # workers, threads, descriptors (each segment's), /dev/shm
+    assert wait_until(lambda: len(memfd_maps()) == mapped, 5), memfd_maps()
+
+
+CTRL_C = textwrap.dedent("""
+    import gc, os, signal, sys
+    import psutil
+    import conveyor
+    from shared_data import Raises
+
+    def maps():
+        with open("/proc/self/maps") as f:
+            return sum("memfd:conveyor" in line for line in f)
+
+    class Interrupts(Raises):
+        def __init__(self):
+            super().__init__(-1)
+            self.main = os.getpid()
+
+        def __getitem__(self, i):
+            if i == 64 * 3:
+                os.kill(self.main, signal.SIGINT)  # Ctrl-C in the main process, mid-epoch
+            return super().__getitem__(i)
+
+    def interrupted():
+        dl = conveyor.DataLoader(Interrupts(), batch_size=64, num_workers=2, adaptive=False,
+                                 multiprocessing_context=sys.argv[1])
+        try:
+            for _ in dl:
+                pass
+        except KeyboardInterrupt:
+            print("INTERRUPTED", flush=True)
+        return maps()
+
+    if __name__ == "__main__":
+        print("PID", os.getpid(), flush=True)
+        during = interrupted()
+        gc.collect()
+        print("MAPS", during, maps(), flush=True)
+        dl = conveyor.DataLoader(Raises(-1), batch_size=64, num_workers=2, adaptive=False,
+                                 multiprocessing_context=sys.argv[1])
+        it = iter(dl)
+        next(it)
+        workers = []
+        for p in psutil.Process().children(recursive=True):
+            with open(f"/proc/{p.pid}/maps") as f:
+                if "memfd:conveyor" in f.read():
+                    workers.append(p.pid)
+        print("WORKERS", *workers, flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+""")
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("method", METHODS)
+def test_nothing_is_left_after_ctrl_c_or_the_main_process_killed(method: str, tmp_path: Path,
+                                                                  script_env: dict[str, str]) -> None:
+    script = tmp_path / "ctrl_c.py"
+    script.write_text(CTRL_C)
+    proc = subprocess.run([sys.executable, str(script), method], capture_output=True, text=True,
+                          env=script_env, timeout=140)
+    words = proc.stdout.split()
+    assert "INTERRUPTED" in words, proc.stdout + proc.stderr[-3000:]
+    i = words.index("MAPS")
+    during, after = int(words[i + 1]), int(words[i + 2])
+    assert during >= 1 and after == 0, (during, after)  # mapped while the dataset lived, then gone
+    assert proc.returncode == -signal.SIGKILL, proc.stdout + proc.stderr[-3000:]
+    workers = [int(w) for w in words[words.index("WORKERS") + 1:]]
+    assert len(workers) == 2, proc.stdout
+    # the main process killed: its workers notice and end, and the segments go with them
+    assert wait_until(lambda: not any(pid_alive(w) for w in workers), 15), workers
+    main = int(words[words.index("PID") + 1])
+    assert wait_until(lambda: not shm_entries(main), 20), shm_entries(main)  # the workers' slots too
+
+
+def test_report_names_the_time_spent_pickling_the_dataset() -> None:
+    snap = {"batches": 100, "steps": 99, "wait_fraction": 0.02, "step_per_batch_s": 0.01, "num_workers": 2,
+            "workers": {0: {"batches": 50, "busy_s": 0.2}, 1: {"batches": 50, "busy_s": 0.2}},
+            "dataset_pickles": 2, "dataset_pickle_s": 1.6, "dataset_pickle_bytes": 480_000_000,
+            "dataset_shared_bytes": 0}
+    said = report(snap, cores=2)
+    assert "spent 1.60 s pickling the dataset (2 start(s), up to 480 MB each" in said, said
+    assert "ArrayDataset" in said and "multiprocessing_context='fork'" in said, said
+    small = dict(snap, dataset_pickle_s=0.004, dataset_pickle_bytes=20_000)
+    assert "pickling" not in report(small, cores=2)
+
+
+class Objects:
+    """What shared memory cannot carry: a large list of Python objects."""
+
+    def __init__(self, n: int) -> None:
+        self.items = [(i, str(i)) for i in range(n)]
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, i: int) -> int:
+        return self.items[i][0]
+
+
+@pytest.mark.timeout(120)
+def test_what_cannot_be_shared_is_counted_as_pickled() -> None:
+    with loader(Objects(200_000), "spawn", batch_size=4096) as dl:
+        assert len(list(dl)) == -(-200_000 // 4096)
+        stats = dl.stats()
+    assert stats["dataset_pickles"] == 1
+    assert stats["dataset_pickle_bytes"] > 2_000_000  # the list went through the pipe
+    assert stats["dataset_shared_bytes"] == 0
+    assert stats["dataset_pickle_s"] > 0
+
+
+@pytest.mark.timeout(120)
+def test_forked_workers_read_the_containers_without_copying_them() -> None:
+    # fork shares the main process's pages: reading the rows writes none of them, so no
+    # worker ends up with a copy of its own (the containers' arrays are never written)
+    ds = ForkRows()
+    with loader(ds, "fork", batch_size=4096) as dl:
+        batches = list(dl)
+    assert sum(int(b[0].sum()) for b in batches) == ds.rows.arrays[0].size
+    copied = max(int(b[1].max()) for b in batches)
+    assert 0 <= copied < ds.rows.arrays[0].nbytes // 16, copied  # every row read, (almost) none copied
+    assert share.located(ds.rows.arrays[0]) is None  # fork needs no shared segment
+
+
+def test_pickled_elsewhere_the_containers_carry_their_data() -> None:
+    # only a worker's start passes buffers by reference: pickle.dumps (to a file, to another
+    # machine) still holds the data, also for arrays already moved into shared memory
+    import pickle
+
+    rows = np.arange(ROWS * 1024, dtype=np.uint8).reshape(ROWS, 1024)
+    ds = conveyor.ArrayDataset(rows)
+    ds.arrays = (share.place(ds.arrays[0]),)
+    strings = share.adopt((np.frombuffer(b"x" * (2 << 20), dtype=np.uint8),))[0]
+    assert share.located(ds.arrays[0]) is not None and share.located(strings) is not None
+    data = pickle.dumps(ds)
+    assert len(data) > rows.nbytes
+    np.testing.assert_array_equal(pickle.loads(data).arrays[0], rows)
+    assert pickle.loads(pickle.dumps(strings)).tobytes() == b"x" * (2 << 20)
