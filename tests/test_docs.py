@@ -62,3 +62,26 @@ def test_the_diabetes_example_writes_nothing_where_it_runs_and_warns_of_nothing(
     assert not list((tmp_path / "cwd").iterdir())
     # (torch's import makes its compiler's cache folder there)
     assert not [p.name for p in (tmp_path / "temp").iterdir() if not p.name.startswith("torchinductor_")]
+
+
+def _anchor(heading: str) -> str:
+    """A markdown heading's anchor as GitHub makes it: lower case, punctuation dropped, spaces
+    to hyphens."""
+    kept = "".join(c for c in heading.strip().lower() if c.isalnum() or c in " -_")
+    return kept.replace(" ", "-")
+
+
+@pytest.mark.parametrize("doc", ["README.md", "docs/guide.md", "docs/architecture.md", "benchmarks/README.md"])
+def test_relative_links_reach_a_file_and_heading(doc: str) -> None:
+    import re
+
+    path = ROOT / doc
+    for target in re.findall(r"\]\(([^)\s]+)\)", path.read_text()):
+        if "://" in target:
+            continue
+        file, _, anchor = target.partition("#")
+        dest = (path.parent / file).resolve() if file else path
+        assert dest.exists(), f"{doc}: {target} names no file"
+        if anchor:
+            headings = [_anchor(h) for h in re.findall(r"^#+ (.+)$", dest.read_text(), flags=re.M)]
+            assert anchor in headings, f"{doc}: {target} names no heading of {dest.name}"
