@@ -26,10 +26,8 @@ from .datasets import (
 )
 from .device import DevicePrefetcher
 from .distributed import ShardedIterable, shard_iterable
-from .errors import SlowSettingWarning, WorkerError
-from .executors.recovery import WorkerDied
+from .errors import SlowSettingWarning, StartupError, TooManyFailures, WorkerDied, WorkerError
 from .executors.worker import WorkerInfo, get_worker_info
-from .loader import TooManyFailures
 from .samplers import (
     BatchSampler,
     DistributedSampler,
@@ -77,6 +75,7 @@ __all__ = sorted([
     "Subset",
     "SubsetRandomSampler",
     "TensorDataset",
+    "StartupError",
     "TooManyFailures",
     "WeightedRandomSampler",
     "WorkerDied",

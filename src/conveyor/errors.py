@@ -14,9 +14,13 @@ from __future__ import annotations
 import pickle
 import traceback
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-__all__ = ["Failure", "RemoteTraceback", "SlowSettingWarning", "WorkerError", "capture", "rebuild"]
+if TYPE_CHECKING:
+    from .executors.task import Death
+
+__all__ = ["Failure", "RemoteTraceback", "SlowSettingWarning", "StartupError", "TooManyFailures", "WorkerDied",
+           "WorkerError", "capture", "rebuild"]
 
 
 class WorkerError(RuntimeError):
@@ -34,6 +38,32 @@ class WorkerError(RuntimeError):
 
     def __reduce__(self) -> Any:  # (Exception's pickles args alone: the keywords would be lost)
         return type(self), (str(self),), self.__dict__
+
+
+class WorkerDied(RuntimeError):
+    """Worker processes died and could not (or may no longer) be replaced."""
+
+    def __init__(self, message: str, deaths: list[Death]) -> None:
+        super().__init__(message)
+        self.deaths = deaths
+
+    def __reduce__(self) -> Any:  # (Exception's pickles args alone, and deaths is required)
+        return type(self), (str(self), self.deaths), self.__dict__
+
+
+class StartupError(RuntimeError):
+    """A worker process could not start."""
+
+
+class TooManyFailures(RuntimeError):
+    """More samples failed than ``max_failures`` allows under ``on_error="skip"``."""
+
+    def __init__(self, message: str, failures: list[Failure]) -> None:
+        super().__init__(message)
+        self.failures = failures
+
+    def __reduce__(self) -> Any:  # (Exception's pickles args alone, and failures is required)
+        return type(self), (str(self), self.failures), self.__dict__
 
 
 class SlowSettingWarning(UserWarning):

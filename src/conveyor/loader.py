@@ -35,7 +35,7 @@ import numpy as np
 from . import _torch, replay, rng
 from .collate import default_collate, default_convert, numpy_collate
 from .distributed import ShardedIterable, gives_rank_shares, group_world_size, rank_and_world
-from .errors import Failure, SlowSettingWarning, capture, rebuild
+from .errors import Failure, SlowSettingWarning, TooManyFailures, capture, rebuild
 from .executors import inherit
 from .executors.inline import InlineExecutor
 from .executors.processes import ProcessExecutor, finish_cut_short
@@ -104,17 +104,6 @@ CROWDED_WAITS = 0.2
 # of it, every epoch. (Forked ones start in ~20 ms.)
 SLOW_START_BATCHES = 8
 SLOW_START_S = 0.1
-
-
-class TooManyFailures(RuntimeError):
-    """More samples failed than ``max_failures`` allows under ``on_error="skip"``."""
-
-    def __init__(self, message: str, failures: list[Failure]) -> None:
-        super().__init__(message)
-        self.failures = failures
-
-    def __reduce__(self) -> Any:  # (Exception's pickles args alone, and failures is required)
-        return type(self), (str(self), self.failures), self.__dict__
 
 
 def _is_iterable_dataset(dataset: Any) -> bool:

@@ -27,7 +27,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .. import transport
-from ..errors import rebuild
+from ..errors import StartupError, rebuild
 from ..transport import share
 from .base import Event, Ledger
 from .task import Death, Doorbell, Hello, Inbox, Order, Result, Task, send
@@ -46,10 +46,6 @@ def _signal_name(number: int) -> str:
         return signal.Signals(number).name
     except ValueError:
         return f"signal {number}"
-
-
-class StartupError(RuntimeError):
-    """A worker process could not start."""
 
 
 _GUARD_HINT = (

@@ -13,20 +13,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..errors import WorkerDied
 from .task import Death
 
 __all__ = ["Recovery", "WorkerDied"]
-
-
-class WorkerDied(RuntimeError):
-    """Worker processes died and could not (or may no longer) be replaced."""
-
-    def __init__(self, message: str, deaths: list[Death]) -> None:
-        super().__init__(message)
-        self.deaths = deaths
-
-    def __reduce__(self) -> Any:  # (Exception's pickles args alone, and deaths is required)
-        return type(self), (str(self), self.deaths), self.__dict__
 
 
 def _indices(death: Death, limit: int = 8) -> str:
