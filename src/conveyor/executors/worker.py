@@ -1013,10 +1013,17 @@ def _serve(spec: WorkerSpec, worker_id: int, gen: int, tasks: Any, results: Any,
         except OSError:
             pass
         if pool is not None:
-            pool.close()  # the main thread may be using it: the last thing done before exiting
-            # a segment being created when the signal landed is in /dev/shm but not yet in the
-            # pool: every name of this worker's goes
-            _segment.sweep(pool.prefix)
+            # the main thread may be using the pool: the last thing done before exiting
+            if parent.going():
+                pool.close()
+                # a segment being created when the signal landed is in /dev/shm but not yet in
+                # the pool: every name of this worker's goes
+                _segment.sweep(pool.prefix)
+            else:
+                # only this worker ends (``kill PID``, earlyoom, a sample's sys.exit()): the
+                # main process replaces it and still reads the batches it sent, so their slots
+                # stay; it sweeps this worker's names once it has mapped them
+                pool.close(keep_sent=True)
 
     def on_term(signum: int, frame: Any) -> None:
         # SIGTERM/SIGHUP to the whole process group (timeout, systemd, SLURM's scancel, a
@@ -1145,7 +1152,9 @@ def _serve(spec: WorkerSpec, worker_id: int, gen: int, tasks: Any, results: Any,
         return
     finally:
         if pool is not None:
-            pool.close()
+            # told to stop, or leaving on a sample's sys.exit(): a main process that is still
+            # there reads what was sent and sweeps the rest (see cleanup)
+            pool.close(keep_sent=not parent.going())
         if stack_file is not None:
             stack_file.close()
             try:
@@ -1273,6 +1282,35 @@ class ParentWatch:
         except OSError:
             return True
         return True
+
+    def going(self) -> bool:
+        """Is the main process gone, or ending now of a signal (one sent to the whole process
+        group, say)? A main process that is ending leaves nobody to sweep this worker's slots.
+        Read from its pending signals (Linux): a fatal signal stays pending, and the kernel adds
+        SIGKILL to each of its threads while it exits; elsewhere, wait briefly for it to end."""
+        if not self.alive():
+            return True
+        try:
+            with open(f"/proc/{self.pid}/status", "rb") as f:
+                fields = dict(line.split(b":", 1) for line in f.read().splitlines() if b":" in line)
+            pending = int(fields[b"SigPnd"], 16) | int(fields[b"ShdPnd"], 16)
+            handled = int(fields[b"SigCgt"], 16) | int(fields[b"SigIgn"], 16)
+            state = fields[b"State"].split()[0]
+        except (OSError, KeyError, ValueError, IndexError):
+            if self.fd is not None:
+                return self._poll(200)
+            time.sleep(0.2)
+            return not self.alive()
+        if state in (b"Z", b"X"):
+            return True
+        fatal = 0
+        for sig in (signal.SIGTERM, getattr(signal, "SIGHUP", None), signal.SIGINT,
+                    getattr(signal, "SIGQUIT", None), getattr(signal, "SIGALRM", None)):
+            if sig is not None:
+                fatal |= 1 << (sig - 1)
+        fatal &= ~handled  # one the main process handles (or ignores) does not end it
+        fatal |= 1 << (signal.SIGKILL - 1)
+        return bool(pending & fatal)
 
     def _poll(self, timeout_ms: int | None) -> bool:
         import select  # poll, not select: a worker may hold more than 1024 descriptors

@@ -1,0 +1,106 @@
+"""Every way a process worker can end is survived: its batches are re-issued, every sample comes
+once and in order, and the batches already handed out stay readable."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import conveyor
+from helpers import WORKERS, Snapshot, assert_no_leaks, pid_alive, wait_until
+
+# 64 KB a sample: every batch travels in a shared-memory slot, not inside the message
+WIDTH = 16384
+
+
+class DiesOnce:
+    """A map-style dataset whose worker ends itself (``how``) at sample ``at``, once: the first
+    worker to reach it writes its pid to ``flag`` and dies; its replacement finds the flag."""
+
+    def __init__(self, n: int, at: int, how: str, flag: str) -> None:
+        self.n, self.at, self.how, self.flag = n, at, how, flag
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        if i == self.at:
+            try:
+                fd = os.open(self.flag, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+            except FileExistsError:
+                pass
+            else:
+                os.write(fd, str(os.getpid()).encode())
+                os.close(fd)
+                die(self.how)
+        return np.full(WIDTH, i, dtype=np.float32)
+
+
+def die(how: str) -> None:
+    if how == "sys.exit":
+        sys.exit()
+    if how == "sys.exit(3)":
+        sys.exit(3)
+    if how == "os._exit":
+        os._exit(1)
+    os.kill(os.getpid(), getattr(signal, how))
+
+
+def _flagged_pid(flag: Path) -> int | None:
+    try:
+        text = flag.read_text()
+    except OSError:
+        return None
+    return int(text) if text else None
+
+
+HOWS = ["SIGTERM", "SIGHUP", "SIGINT", "sys.exit", "sys.exit(3)", "os._exit", "SIGKILL"]
+CASES = [("fork", how) for how in HOWS] + [
+    (method, how) for method in ("spawn", "forkserver") for how in ("SIGTERM", "sys.exit", "SIGKILL")]
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(("method", "how"), CASES)
+def test_a_worker_that_ends_itself_is_replaced_and_batches_sent_stay_readable(
+        tmp_path: Path, method: str, how: str) -> None:
+    # One worker, three batches ordered at once: when the worker reaches batch 2 it has sent
+    # batch 1, which the main process has not read yet (the loop holds batch 0 until the worker
+    # is gone). That batch's slot must still be there to read, and batch 2 on must come from
+    # the replacement.
+    if method == "forkserver":  # the server (and the pipe to it) lives on for the whole session
+        import multiprocessing.forkserver
+
+        multiprocessing.forkserver.ensure_running()
+    before = Snapshot.take()
+    flag = tmp_path / "died"
+    ds = DiesOnce(24, 8, how, str(flag))
+    loader = conveyor.DataLoader(ds, batch_size=4, num_workers=1, prefetch_factor=3,
+                                 multiprocessing_context=method, **WORKERS)
+    got = []
+    for i, batch in enumerate(loader):
+        got.append(batch)
+        if i == 0:
+            assert wait_until(lambda: _flagged_pid(flag) is not None, 60), "the worker never reached sample 8"
+            pid = _flagged_pid(flag)
+            if how != "SIGINT":  # a worker ignores SIGINT: Ctrl-C is the main process's to handle
+                assert wait_until(lambda: not pid_alive(pid), 60), f"worker {pid} did not end"
+    stats = loader.stats()
+    loader.close()
+    assert len(got) == 6
+    for b, batch in enumerate(got):  # read after the worker's death and the loader's close
+        rows = np.asarray(batch)
+        assert rows.shape == (4, WIDTH), rows.shape
+        assert (rows[:, 0] == np.arange(4 * b, 4 * b + 4)).all(), (b, rows[:, 0])
+        assert (rows == rows[:, :1]).all()
+    if how == "SIGINT":
+        assert stats["restarts"] == 0, stats["deaths"]
+    else:
+        assert stats["restarts"] == 1, stats["deaths"]
+    del got, batch, rows, loader
+    assert_no_leaks(before)
