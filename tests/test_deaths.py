@@ -104,3 +104,115 @@ def test_a_worker_that_ends_itself_is_replaced_and_batches_sent_stay_readable(
         assert stats["restarts"] == 1, stats["deaths"]
     del got, batch, rows, loader
     assert_no_leaks(before)
+
+
+# --------------------------------------------------------------------------- Ctrl-C in next()
+
+
+class Rows:
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        return np.full(4, i, dtype=np.int64)
+
+
+def _firsts(batches: list[Any]) -> list[int]:
+    return [int(x) for b in batches for x in np.asarray(b)[:, 0]]
+
+
+@pytest.mark.timeout(120)
+def test_a_ctrl_c_after_poll_read_a_result_loses_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    # a Ctrl-C that lands in ProcessExecutor.poll() after a result was read from the pipe and
+    # before it was recorded lost the result, and its worker stayed counted as holding it: with
+    # prefetch_factor=1 round robin never gave that worker another batch, and the next epoch
+    # waited for ever (here: until the loader's timeout)
+    from conveyor.executors import processes
+
+    made = processes._result
+    fired = []
+
+    def interrupted(fields: Any) -> Any:
+        result = made(fields)
+        if not fired and result.batch is not None:
+            fired.append(result.seq)
+            signal.raise_signal(signal.SIGINT)  # its handler runs at the next chance it gets
+        return result
+
+    monkeypatch.setattr(processes, "_result", interrupted)
+    before = Snapshot.take()
+    loader = conveyor.DataLoader(Rows(32), batch_size=2, num_workers=2, prefetch_factor=1,
+                                 persistent_workers=True, timeout=30, **WORKERS)
+    it = iter(loader)
+    got: list[Any] = []
+    batch = None
+    with pytest.raises(KeyboardInterrupt):
+        for batch in it:
+            got.append(batch)
+    assert fired
+    got += list(it)  # the same epoch goes on where it was
+    assert _firsts(got) == list(range(32))
+    for _ in range(2):  # and later epochs are whole
+        assert _firsts(list(loader)) == list(range(32))
+    loader.close()
+    del it, got, batch, loader
+    assert_no_leaks(before)
+
+
+@pytest.mark.timeout(300)
+def test_ctrl_c_at_random_points_of_many_epochs_leaves_every_later_epoch_whole() -> None:
+    # SIGINT at random moments while a persistent loader runs its epochs: an epoch cut short
+    # raises KeyboardInterrupt, and every epoch after it (on the same workers) is whole
+    import random
+    import threading
+    import time
+
+    armed = [False]  # (one interrupt per epoch at most: the handler disarms itself)
+
+    def on_sigint(signum: int, frame: Any) -> None:
+        if armed[0]:
+            armed[0] = False
+            raise KeyboardInterrupt
+
+    before = Snapshot.take()
+    old = signal.signal(signal.SIGINT, on_sigint)
+    stop = threading.Event()
+    pace = random.Random(40)
+
+    def storm() -> None:
+        while not stop.is_set():
+            time.sleep(10 ** pace.uniform(-3.0, -1.0))  # where the signal lands: random, not a synchronisation
+            os.kill(os.getpid(), signal.SIGINT)
+
+    thread = threading.Thread(target=storm, daemon=True)
+    loader = conveyor.DataLoader(Rows(24), batch_size=2, num_workers=2, prefetch_factor=1,
+                                 persistent_workers=True, timeout=30, **WORKERS)
+    cut = whole = 0
+    try:
+        thread.start()
+        for _ in range(80):
+            got: list[Any] = []
+            try:
+                armed[0] = True
+                for batch in loader:
+                    got.append(batch)
+                armed[0] = False
+            except KeyboardInterrupt:
+                cut += 1
+                continue
+            assert _firsts(got) == list(range(24))
+            whole += 1
+        stop.set()
+        thread.join()
+        for _ in range(3):
+            assert _firsts(list(loader)) == list(range(24))
+    finally:
+        stop.set()
+        signal.signal(signal.SIGINT, old)
+        loader.close()
+    assert cut >= 5 and whole >= 5, (cut, whole)  # the storm did cut epochs, and some ran whole
+    del loader, got
+    assert_no_leaks(before)

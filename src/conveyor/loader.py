@@ -37,6 +37,7 @@ from .collate import default_collate, default_convert, numpy_collate
 from .distributed import ShardedIterable, rank_and_world
 from .errors import Failure, capture, rebuild
 from .executors import inherit
+from .executors.base import hold_ctrl_c
 from .executors.inline import InlineExecutor
 from .executors.processes import ProcessExecutor, finish_cut_short
 from .executors.recovery import Recovery
@@ -2366,7 +2367,7 @@ class _Run(Generic[T]):
                     if self.inflight and not polled:
                         # a batch was waiting here: collect what else is done, without blocking,
                         # and refill, so a worker never sits idle while its results sit in the pipe
-                        self._absorb(self.ex.poll(0))
+                        self._poll(0)
                     else:
                         # the batch handed out leaves room for the next task now, as torch's
                         # loader refills when it hands one out. Refilled only at the next call,
@@ -2388,23 +2389,51 @@ class _Run(Generic[T]):
             timeout = _TICK
             if self.loader.timeout > 0:
                 timeout = min(timeout, max(0.0, waited_since + self.loader.timeout - time.monotonic()))
-            events = self.ex.poll(timeout)
             polled = True
-            if not events:
+            if not self._poll(timeout):
                 if self.loader.timeout > 0 and time.monotonic() - waited_since >= self.loader.timeout:
                     if not self._restart_hung():
                         raise self._timeout_error()
                     waited_since = time.monotonic()
                 continue
-            self._absorb(events)
+
+    def _poll(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` for what the workers send and take it in (``_absorb``); False
+        when nothing came. Process workers' results are read and recorded with a Ctrl-C held
+        (``hold_ctrl_c``): one between the two lost the result, and a persistent loader's
+        later epochs waited for ever on the worker still counted as holding it."""
+        ex = self.ex
+        wait = getattr(ex, "wait_ready", None)
+        if wait is None:
+            events = ex.poll(timeout)
+            if events:
+                self._absorb(events)
+            return bool(events)
+        ready = wait(timeout)
+        if not ready:
+            return False
+        with hold_ctrl_c():
+            events = ex.take_ready(ready)
+            deaths = self._take_in(events)
+        for death in deaths:  # (replacing a worker waits for it: not held; an unhandled death is seen again)
+            self._on_death(death)
+        self._fill()
+        return bool(events)
 
     def _absorb(self, events: list[Any]) -> None:
         """Take finished batches and deaths from the executor, then refill at once: results
         often arrive together, and a worker must not wait for the consumer to run dry
         before it hears of its next batch."""
+        for death in self._take_in(events):
+            self._on_death(death)
+        self._fill()
+
+    def _take_in(self, events: list[Any]) -> list[Death]:
+        """Record the results among ``events``; returns the deaths."""
+        deaths = []
         for ev in events:
             if isinstance(ev, Death):
-                self._on_death(ev)
+                deaths.append(ev)
             elif ev.seq < self.first_seq or ev.seq not in self.inflight:
                 self.ex.release(ev)  # from an abandoned epoch
             else:
@@ -2414,7 +2443,7 @@ class _Run(Generic[T]):
                     pool.delivered = True
                     pool.findings.start_s = time.perf_counter() - pool.launched_at
                 self.reorder.push(ev)
-        self._fill()
+        return deaths
 
     def _quick(self) -> tuple[Any, int]:
         """A batch made in the main process, without the task envelope (the common, cheap case)."""
@@ -2809,7 +2838,7 @@ class _Run(Generic[T]):
         if (take_in and any(self.active) and self.inflight and self.loader._device_stage is None
                 and self.ex.kind != "inline"):
             # the workers' word may be waiting in the pipes: take it in (no batch is handed out)
-            self._absorb(self.ex.poll(0))
+            self._poll(0)
         if self.inflight:
             return False
         buffered = list(self.reorder.buffer.values())

@@ -28,7 +28,7 @@ from typing import Any
 
 from .. import transport
 from ..errors import rebuild
-from .base import Event, Ledger
+from .base import Event, Ledger, hold_ctrl_c
 from .task import Death, Doorbell, Hello, Inbox, Order, Result, Task, send
 from .worker import WorkerSpec, serve, stack_path
 
@@ -295,14 +295,17 @@ class ProcessExecutor:
     def submit(self, worker: int, tasks: list[Task]) -> None:
         wk = self.workers[worker]
         assert wk is not None
-        self.ledger.add(worker, tasks)
-        freed = self._freed_for(worker, wk.gen)
-        try:
-            # plain tuples, not an Order of Tasks: the worker unpickles one for every batch, a
-            # class lookup and a constructor call each cost it a few microseconds cold
-            send(wk.tasks, ([tuple(t) for t in tasks], freed), wk.bell)
-        except (BrokenPipeError, OSError):
-            pass  # the worker died; poll() reports it and recovery re-issues the tasks
+        # tasks counted as held and never sent (a Ctrl-C between the two) would keep the worker
+        # counted busy for good; ``send`` itself finishes a frame before raising one
+        with hold_ctrl_c():
+            self.ledger.add(worker, tasks)
+            freed = self._freed_for(worker, wk.gen)
+            try:
+                # plain tuples, not an Order of Tasks: the worker unpickles one for every batch, a
+                # class lookup and a constructor call each cost it a few microseconds cold
+                send(wk.tasks, ([tuple(t) for t in tasks], freed), wk.bell)
+            except (BrokenPipeError, OSError):
+                pass  # the worker died; poll() reports it and recovery re-issues the tasks
 
     def _freed_for(self, worker: int, gen: int) -> tuple[int, ...]:
         pending = self.pending_freed
@@ -360,9 +363,18 @@ class ProcessExecutor:
                 del self._fds[fd]
 
     def poll(self, timeout: float | None) -> list[Event]:
+        return self.take_ready(self._ready(timeout))
+
+    def wait_ready(self, timeout: float | None) -> list[tuple[int, bool]]:
+        """``poll`` in two: wait up to ``timeout`` for pipes or sentinels to be ready (a Ctrl-C
+        may cut this short), then ``take_ready`` what they hold (to be held from a Ctrl-C, with
+        whatever records the results it returns: a result read and not recorded is lost)."""
+        return self._ready(timeout)
+
+    def take_ready(self, ready: list[tuple[int, bool]]) -> list[Event]:
         events: list[Event] = []
         dead: set[int] = set()
-        for w, sentinel in self._ready(timeout):
+        for w, sentinel in ready:
             wk = self.workers[w]
             assert wk is not None
             if not sentinel:
