@@ -944,6 +944,7 @@ class DataLoader(Generic[T]):
                              f"but this loader's dataset has length {n}")
         if state.get("seed") != self.seed:
             raise ValueError(f"this state was saved with seed={state.get('seed')}, this loader has seed={self.seed}")
+        self._check_position(state)
         if int(state.get("batches") or 0) > 0:  # a position counted in batches: they must be the same batches
             for key in ("batch_size", "drop_last"):
                 if key in state and state[key] != getattr(self, key):
@@ -989,6 +990,53 @@ class DataLoader(Generic[T]):
                         "replayed": replayed}
         self._loaded = dict(state)
         self._epoch = int(state["epoch"])
+
+    def _check_position(self, state: dict[str, Any]) -> None:
+        """Refuse a state that names no position this loader can reach (checked before any of
+        it is taken): each was loaded, and the loader resumed elsewhere without a word."""
+        total = None if self._iterable else _sized(self._index_sampler)  # batches in an epoch
+
+        def whole(v: Any) -> bool:
+            return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
+
+        replay = state.get("replay", False)
+        if not isinstance(replay, (bool, np.bool_)):
+            raise ValueError(f"state['replay'] should be True or False, got {replay!r:.100}")
+        batches = state.get("batches")
+        if replay and (batches or state.get("done") or state.get("replicas")):
+            raise ValueError(f"state['replay'] is True, which names an epoch's end, but state['batches'] is "
+                             f"{batches!r:.100}" + (f" and state['done'] is {state.get('done')!r:.100}"
+                                                    if state.get("done") else "")
+                             + ": a state saved mid-epoch has replay False")
+        epoch = state.get("epoch")
+        low = 1 if replay else 0  # a replayed state names the epoch after the one it replays
+        if not whole(epoch) or epoch < low:
+            raise ValueError(f"state['epoch'] should be a whole number >= {low}"
+                             + (" (state['replay'] is True: the epoch after the one replayed)" if replay else "")
+                             + f", got {epoch!r:.100}")
+        if not whole(batches) or batches < 0 or total is not None and batches > total:
+            span = f"from 0 to {total} (the batches of an epoch)" if total is not None else ">= 0"
+            raise ValueError(f"state['batches'] should be a whole number {span}, got {batches!r:.100}")
+        done = state.get("done") or []
+        last = None if total is None else total - 1
+        if not isinstance(done, list) or not all(whole(p) and p > batches and (last is None or p <= last)
+                                                 for p in done) or len(set(done)) != len(done):
+            span = f"from {batches + 1} to {last}" if last is not None else f"after {batches}"
+            raise ValueError(f"state['done'] should list batch positions {span} (handed out ahead of "
+                             f"state['batches']={batches}), each once, got {done!r:.200}")
+        self._check_sampler_seeds(state.get("sampler"), self._index_sampler, "state['sampler']")
+
+    def _check_sampler_seeds(self, saved: Any, sampler: Any, path: str) -> None:
+        """A seeded sampler's saved seed must be this loader's sampler's: another shuffled
+        other samples, without a word."""
+        while isinstance(saved, dict) and sampler is not None:
+            if saved.get("mode") == "seed" and "seed" in saved:
+                mine = getattr(sampler, "seed", None)
+                if mine is not None and saved["seed"] != mine:
+                    raise ValueError(f"{path}['seed'] is {saved['seed']!r:.100}, but this loader's sampler "
+                                     f"({type(sampler).__name__}) has seed {mine}: it would shuffle other "
+                                     "samples. Resume with the seed the state was saved with")
+            saved, sampler, path = saved.get("sampler"), getattr(sampler, "sampler", None), f"{path}['sampler']"
 
     def _dataset_len(self) -> int | None:
         try:
@@ -2918,6 +2966,14 @@ class _Run(Generic[T]):
                 self._release_buffered()
         except Exception:
             pass
+
+
+def _sized(obj: Any) -> int | None:
+    """``len(obj)``, or None for an object without a length."""
+    try:
+        return int(len(obj))
+    except (TypeError, NotImplementedError):
+        return None
 
 
 def _task_indices(indices: Any) -> Any:
