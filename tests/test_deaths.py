@@ -216,3 +216,64 @@ def test_ctrl_c_at_random_points_of_many_epochs_leaves_every_later_epoch_whole()
     assert cut >= 5 and whole >= 5, (cut, whole)  # the storm did cut epochs, and some ran whole
     del loader, got
     assert_no_leaks(before)
+
+
+# --------------------------------------------------------------------------- unpicklable samples
+
+
+def _gen() -> Any:
+    yield 1
+
+
+class HoldsOdd:
+    """Sample 5's ``meta`` holds something pickle refuses."""
+
+    def __init__(self, odd: str) -> None:
+        self.odd = odd
+
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        import threading
+
+        odd: Any = 0
+        if i == 5 and self.odd == "lock":
+            odd = threading.Lock()
+        elif i == 5 and self.odd == "lambda":
+            odd = lambda: i  # noqa: E731
+        elif i == 5:
+            odd = _gen()
+        return {"x": np.full(3, i), "meta": [1, 2, odd]}
+
+
+def keep_samples(batch: list[Any]) -> list[Any]:
+    return batch
+
+
+def collate_meta_apart(batch: list[dict[str, Any]]) -> dict[str, Any]:
+    return {"x": np.stack([s["x"] for s in batch]), "meta": [s["meta"] for s in batch]}
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("collate", ["samples", "collated", "no-batching"])
+@pytest.mark.parametrize(("odd", "kind"), [("lock", "_thread.lock"), ("lambda", "function"),
+                                           ("generator", "generator")])
+def test_an_unpicklable_sample_is_named_at_once(odd: str, kind: str, collate: str) -> None:
+    # the worker died in send() and was replaced max_worker_restarts times, and the loop heard
+    # "exited unexpectedly ... often the out-of-memory killer"
+    before = Snapshot.take()
+    opts: dict[str, Any] = {"batch_size": None} if collate == "no-batching" else {
+        "batch_size": 2, "collate_fn": keep_samples if collate == "samples" else collate_meta_apart}
+    loader = conveyor.DataLoader(HoldsOdd(odd), num_workers=2, max_worker_restarts=40, **opts, **WORKERS)
+    with pytest.raises(Exception) as info:
+        for _ in loader:
+            pass
+    said = str(info.value) + " ".join(getattr(info.value, "__notes__", []))
+    assert not isinstance(info.value, conveyor.WorkerDied), said
+    assert "sample 5 at sample['meta'][2]" in said, said
+    assert f"holds a {kind}," in said, said
+    assert loader.stats()["restarts"] == 0
+    loader.close()
+    del loader, info
+    assert_no_leaks(before)

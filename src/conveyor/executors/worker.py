@@ -20,6 +20,7 @@ import copy
 import dataclasses
 import math
 import os
+import re
 import select
 import signal
 import sys
@@ -1120,12 +1121,15 @@ def _serve(spec: WorkerSpec, worker_id: int, gen: int, tasks: Any, results: Any,
                 writer = None
             fetcher.alloc = writer  # collate into the slot (None: no shared memory)
             result = fetcher.run(task)
-            if result.batch is not None:
+            batch = result.batch
+            used = None
+            if batch is not None:
                 try:
-                    tree, holes, leaves, blob = encode(result.batch, writer)
+                    tree, holes, leaves, blob = encode(batch, writer)
                 except Exception as exc:
                     if writer is not None:
                         writer.abandon()
+                    name_unpicklable(exc, batch, task, spec)
                     result = Result(task.seq, worker_id, failure=capture(exc, worker_id, task.indices, "sending"))
                 else:
                     used = writer.finish() if writer is not None else None
@@ -1144,7 +1148,19 @@ def _serve(spec: WorkerSpec, worker_id: int, gen: int, tasks: Any, results: Any,
             done += 1
             if done % 16 == 1:
                 result.rss = rss()
-            send(results, result.fields(), full=drain)  # plain tuples only: cheap to pickle (see Result.fields)
+            try:
+                send(results, result.fields(), full=drain)  # plain tuples only: cheap to pickle (see Result.fields)
+            except (OSError, EOFError):
+                raise
+            except Exception as exc:  # noqa: BLE001 - pickling the batch failed: nothing was written
+                # (a lock, a lambda, a generator in a sample): the loop hears why, at once. The
+                # worker died of it, and each replacement died again on the same batch
+                if used and pool is not None:
+                    pool.release(used)
+                name_unpicklable(exc, batch, task, spec)
+                send(results, Result(task.seq, worker_id, failure=capture(exc, worker_id, task.indices, "sending"),
+                                     retired=result.retired, warning=result.warning).fields(), full=drain)
+            batch = None
             # take any orders that arrived meanwhile, without blocking
             if (drain.parked or bell is not None or readable()) and not take():
                 return
@@ -1161,6 +1177,67 @@ def _serve(spec: WorkerSpec, worker_id: int, gen: int, tasks: Any, results: Any,
                 os.unlink(stack_at)  # also when the main process is gone and cannot sweep it
             except OSError:
                 pass
+
+
+def name_unpicklable(exc: BaseException, batch: Any, task: Task, spec: WorkerSpec) -> None:
+    """Note on ``exc`` (pickling a batch failed) which sample holds what could not be pickled,
+    and where in it: ``sample['meta'][2]``. A process worker sends a batch by pickling what
+    is not an array; the error itself names only a type."""
+    found = _unpicklable(batch, "")
+    if found is None:
+        return
+    path, kind = found
+    indices = task.indices if isinstance(task.indices, list) else None
+    where = f"the batch at batch{path}"
+    if indices is not None and not spec.auto_collation:
+        where = f"sample {indices[0]} at sample{path}"  # the batch is the sample
+    elif indices is not None:
+        head = re.match(r"\[(\d+)\]", path)
+        if isinstance(batch, (list, tuple)) and len(batch) == len(indices) and head:
+            k = int(head.group(1))  # a collate_fn that keeps the samples as they are
+            where = f"sample {indices[k]} at sample{path[head.end():]}"
+        elif not spec.iterable:
+            for i in indices:  # collated: ask the samples themselves, one by one
+                try:
+                    inner = _unpicklable(spec.dataset[i], "")
+                except Exception:  # noqa: BLE001 - the sample cannot be read again: say what is known
+                    break
+                if inner is not None:
+                    path, kind = inner
+                    where = f"sample {i} at sample{path}"
+                    break
+    name = kind.__qualname__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
+    exc.add_note(f"A process worker sends each batch to the main process by pickling what is not an array, and "
+                 f"{where} holds a {name}, which cannot be pickled. Return plain data "
+                 "from the dataset (or drop that field in a collate_fn), or use worker_type='thread'.")
+
+
+def _unpicklable(obj: Any, path: str, depth: int = 0) -> tuple[str, type] | None:
+    """The path of the innermost part of ``obj`` that cannot be pickled, and its type; None when
+    ``obj`` pickles. Containers are looked into (their first 1,000 items, 20 levels deep)."""
+    import pickle
+
+    try:
+        pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+        return None
+    except Exception:  # noqa: BLE001 - whatever pickling raises, this is the part that fails
+        pass
+    if depth < 20:
+        if isinstance(obj, dict):
+            parts: list[tuple[str, Any]] = [(f"[{k!r}]", v) for k, v in list(obj.items())[:1000]]
+        elif isinstance(obj, (list, tuple)):
+            parts = [(f"[{i}]", v) for i, v in enumerate(obj[:1000])]
+        elif dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+            parts = [(f".{f.name}", getattr(obj, f.name, None)) for f in dataclasses.fields(obj)]
+        elif hasattr(obj, "__dict__") and not callable(obj) and isinstance(getattr(obj, "__dict__", None), dict):
+            parts = [(f".{k}", v) for k, v in list(vars(obj).items())[:1000]]
+        else:
+            parts = []
+        for step, part in parts:
+            inner = _unpicklable(part, path + step, depth + 1)
+            if inner is not None:
+                return inner
+    return path, type(obj)
 
 
 def steady_malloc(keep_mb: int = WORKER_HEAP_KEEP_MB) -> bool:
