@@ -277,3 +277,48 @@ def test_an_unpicklable_sample_is_named_at_once(odd: str, kind: str, collate: st
     loader.close()
     del loader, info
     assert_no_leaks(before)
+
+
+# --------------------------------------------------------------------------- batch samplers
+
+
+class Refilled:
+    """A batch sampler that yields one list object, refilled in place for every batch."""
+
+    def __init__(self, n: int, size: int, kind: str = "list") -> None:
+        self.n, self.size, self.kind = n, size, kind
+
+    def __len__(self) -> int:
+        return -(-self.n // self.size)
+
+    def __iter__(self) -> Any:
+        if self.kind == "array":
+            buf = np.zeros(self.size, dtype=np.int64)
+            for start in range(0, self.n, self.size):
+                buf[:] = np.arange(start, start + self.size) % self.n
+                yield buf
+            return
+        buf: list[int] = []
+        for start in range(0, self.n, self.size):
+            buf.clear()
+            buf.extend(range(start, min(start + self.size, self.n)))
+            yield buf
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("kind", ["list", "array"])
+@pytest.mark.parametrize("workers", ["process", "thread", "main"])
+def test_a_batch_sampler_that_refills_one_list_gives_the_right_batches(workers: str, kind: str) -> None:
+    # the tasks kept a reference to the sampler's list: process workers were sent what it held
+    # by then, thread workers read it as it was refilled (IndexError at the last, short batch)
+    opts: dict[str, Any] = {"num_workers": 0} if workers == "main" else {
+        "num_workers": 2, "worker_type": workers, "prefetch_factor": 4, **WORKERS}
+    loader = conveyor.DataLoader(Rows(30), batch_sampler=Refilled(30, 4, kind), **opts)
+    with loader:
+        for _ in range(2):
+            got = [np.asarray(b)[:, 0].tolist() for b in loader]
+            if kind == "list":
+                expected = [list(range(s, min(s + 4, 30))) for s in range(0, 30, 4)]
+            else:  # whole batches of 4: the last wraps round
+                expected = [[(s + k) % 30 for k in range(4)] for s in range(0, 30, 4)]
+            assert got == expected

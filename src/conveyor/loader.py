@@ -2168,6 +2168,10 @@ class _Run(Generic[T]):
                 self.batches, start = self._replayed_batches(skip, replayed)
             else:
                 self.batches = iter(loader._index_sampler)  # a stream's: placeholders, never skipped
+            if not iterable and loader._auto_collation and not _fresh_batches(loader._index_sampler):
+                # a batch sampler may yield one list refilled in place: each batch is copied as it
+                # is drawn, or batches read ahead (and tasks not yet sent) change under the loader
+                self.batches = map(_own_indices, self.batches)
             if self.ahead:
                 self.positions = []
                 # a copy: ``ahead`` loses each position as the prefix passes it, and the
@@ -2974,6 +2978,27 @@ def _sized(obj: Any) -> int | None:
         return int(len(obj))
     except (TypeError, NotImplementedError):
         return None
+
+
+def _fresh_batches(sampler: Any) -> bool:
+    """Does this batch sampler yield a new object for every batch (conveyor's and torch's own)?"""
+    kind = type(sampler)
+    return kind is BatchSampler or (kind.__name__ == "BatchSampler"
+                                    and kind.__module__ == "torch.utils.data.sampler")
+
+
+def _own_indices(indices: Any) -> Any:
+    """A batch sampler's indices, copied where the sampler could change them after yielding."""
+    kind = type(indices)
+    if kind is list:
+        return indices.copy()
+    if kind is tuple or kind is range:
+        return indices
+    if isinstance(indices, np.ndarray):
+        return indices.copy()
+    if _torch.is_tensor(indices):
+        return indices.clone()
+    return list(indices)
 
 
 def _task_indices(indices: Any) -> Any:
