@@ -322,3 +322,44 @@ def test_a_batch_sampler_that_refills_one_list_gives_the_right_batches(workers: 
             else:  # whole batches of 4: the last wraps round
                 expected = [[(s + k) % 30 for k in range(4)] for s in range(0, 30, 4)]
             assert got == expected
+
+
+# --------------------------------------------------------------------------- checkpoint thread
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("worker_type", ["process", "thread"])
+def test_state_dict_from_a_checkpoint_thread_leaves_a_stream_loader_running(worker_type: str) -> None:
+    # the checkpoint thread's state_dict() took the workers' results in itself, polling the
+    # pipes at the same time as the training loop: "RuntimeError: concurrent poll() invocation"
+    import threading
+
+    from helpers import Stream
+
+    loader = conveyor.DataLoader(Stream(400, "torch"), batch_size=2, num_workers=2, worker_type=worker_type,
+                                 persistent_workers=True, **WORKERS)
+    stop = threading.Event()
+    errors: list[BaseException] = []
+    saved = [0]
+
+    def checkpoints() -> None:
+        while not stop.is_set():
+            try:
+                loader.state_dict()
+                saved[0] += 1
+            except BaseException as exc:  # noqa: BLE001 - reported by the test
+                errors.append(exc)
+                return
+
+    thread = threading.Thread(target=checkpoints, daemon=True)
+    try:
+        thread.start()
+        for _ in range(3):
+            got = sorted(int(row[0]) for b in loader for row in b)
+            assert got == list(range(400))
+    finally:
+        stop.set()
+        thread.join(30)
+        loader.close()
+    assert not errors, errors[0]
+    assert saved[0] > 0

@@ -2204,6 +2204,7 @@ class _Run(Generic[T]):
         # per batch: __next__ takes the lean path (see _lean)
         self.lean = False
         self._quick_fetch: Callable[[Any], Any] | None = None
+        self.thread = threading.get_ident()  # the thread that last asked for a batch
 
     def begin(self) -> None:
         """Begin the sampler's iteration if no batch has been asked for yet: a state names
@@ -2323,6 +2324,7 @@ class _Run(Generic[T]):
             if self.successor is not None:
                 return next(self.successor)
             raise StopIteration
+        self.thread = threading.get_ident()
         asked = time.perf_counter()
         try:
             batch, size = self._next()
@@ -2888,8 +2890,10 @@ class _Run(Generic[T]):
         if not self.replicas_done or self.finished or self.dropping:
             return False
         if (take_in and any(self.active) and self.inflight and self.loader._device_stage is None
-                and self.ex.kind != "inline"):
-            # the workers' word may be waiting in the pipes: take it in (no batch is handed out)
+                and self.ex.kind != "inline" and threading.get_ident() == self.thread):
+            # the workers' word may be waiting in the pipes: take it in (no batch is handed out).
+            # Only in the thread that iterates: a checkpoint thread's poll ran into the loop's
+            # ("concurrent poll() invocation"), and its refill wrote orders into the same pipes
             self._poll(0)
         if self.inflight:
             return False
