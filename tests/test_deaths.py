@@ -363,3 +363,10 @@ def test_state_dict_from_a_checkpoint_thread_leaves_a_stream_loader_running(work
         loader.close()
     assert not errors, errors[0]
     assert saved[0] > 0
+
+
+@pytest.mark.parametrize("value", [float("nan"), -1, -0.5, "1", True, 1.5, float("inf")])
+def test_a_max_failures_that_is_no_count_or_fraction_is_named(value: Any) -> None:
+    # nan said "cannot convert float NaN to integer" at the first failure
+    with pytest.raises(ValueError, match=r"max_failures="):
+        conveyor.DataLoader(Rows(4), batch_size=2, on_error="skip", max_failures=value)

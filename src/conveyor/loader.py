@@ -292,7 +292,8 @@ class DataLoader(Generic[T]):
             raise ValueError(f"fetch_threads must be a positive int, but got fetch_threads={fetch_threads!r}")
         if on_error not in ("raise", "skip"):
             raise ValueError(f"on_error must be 'raise' or 'skip', but got on_error={on_error!r}")
-        if isinstance(max_failures, bool) or not isinstance(max_failures, (int, float)) or max_failures < 0:
+        if (isinstance(max_failures, bool) or not isinstance(max_failures, (int, float)) or max_failures < 0
+                or math.isnan(max_failures)):
             raise ValueError(f"max_failures must be a non-negative count or fraction, got max_failures={max_failures!r}")
         if isinstance(max_failures, float) and max_failures > 1:
             raise ValueError(f"max_failures as a fraction must be at most 1, got max_failures={max_failures!r}")
@@ -2799,7 +2800,18 @@ class _Run(Generic[T]):
             raise err
         self.stats.restarts += 1
         # a replacement that does not start is waited for as a batch is: timeout, when set
-        tasks = self.ex.restart(death.worker, self.loader.timeout or 60.0)
+        wait = self.loader.timeout or 60.0
+        if isinstance(self.ex, ProcessExecutor):
+            # replacements killed before they start are replaced within the same budget
+            budget = self.recovery.max_restarts
+            tasks = self.ex.restart(death.worker, wait, tries=1 + budget - len(self.recovery.deaths),
+                                    spent=f"max_worker_restarts={budget} allows no more")
+            for early in self.ex.take_start_deaths():
+                self.recovery.deaths.append(early)
+                self.stats.deaths.append(early.describe())
+                self.stats.restarts += 1
+        else:
+            tasks = self.ex.restart(death.worker, wait)
         tasks = [t for t in tasks if t.seq in self.inflight]
         if tasks:
             for t in tasks:

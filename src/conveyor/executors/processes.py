@@ -199,6 +199,7 @@ class ProcessExecutor:
         self.warned = False
         self.hung: set[int] = set()  # workers a timeout found stuck: close() kills them at once
         self.kill_causes: dict[int, tuple[str, str | None]] = {}  # workers killed on purpose: why
+        self.start_deaths: list[Death] = []  # replacements killed before their hello (restart)
         self.pending_freed: dict[tuple[int, int], list[int]] = {}  # (worker, gen) -> slot ids
         # results received and not yet decoded or released, by (worker, gen): their slots must
         # stay readable when that worker dies and its segments are unlinked
@@ -496,8 +497,11 @@ class ProcessExecutor:
         wk = self.workers[worker]
         return None if wk is None else wk.pid
 
-    def restart(self, worker: int, wait_s: float = 60.0) -> list[Task]:
-        """Replace a dead worker (new generation); its unfinished tasks are returned."""
+    def restart(self, worker: int, wait_s: float = 60.0, tries: int = START_TRIES, spent: str = "") -> list[Task]:
+        """Replace a dead worker (new generation); its unfinished tasks are returned. A
+        replacement killed by a signal before its hello is replaced in turn, ``tries``
+        replacements in all (the loader's restart budget; ``spent`` says so when it runs out);
+        each such death is kept for ``take_start_deaths``."""
         old = self.workers[worker]
         if self.closed:
             raise RuntimeError("this DataLoader's workers were shut down")
@@ -521,7 +525,8 @@ class ProcessExecutor:
             self.workers[worker] = None
         tasks = self.ledger.take(worker)
         deadline = time.monotonic() + wait_s
-        for attempt in range(1, START_TRIES + 1):
+        tries = max(1, tries)
+        for attempt in range(1, tries + 1):
             self.gens[worker] += 1
             wk = self._spawn(worker)
             self.workers[worker] = wk
@@ -536,10 +541,14 @@ class ProcessExecutor:
             if code is None:
                 return tasks
             how = f"was killed by {_signal_name(-code)}" if code < 0 else f"exited with code {code}"
-            if code >= 0 or attempt == START_TRIES:
+            if code >= 0 or attempt == tries:
                 # it failed to start (an import, worker_init_fn): another would too
+                row = f"{attempt} replacements in a row" if attempt > 1 else ""
+                if code < 0 and spent:
+                    row = f"{row}{'; ' if row else ''}{spent}"
                 raise StartupError(f"replacement for worker {worker} {how} during start-up"
-                                   + (f" ({attempt} replacements in a row)" if attempt > 1 else ""))
+                                   + (f" ({row})" if row else ""))
+            self.start_deaths.append(Death(worker, wk.pid, code))
             # killed by a signal (the OOM killer, a scheduler, a user) before its hello: a death
             # like one after it, which the next replacement makes good. It ended the epoch.
             self._unwatch(wk)
@@ -547,6 +556,11 @@ class ProcessExecutor:
             self.workers[worker] = None
             transport.sweep(f"{self.prefix}w{worker}g{wk.gen}_")
         raise AssertionError("unreachable")  # pragma: no cover
+
+    def take_start_deaths(self) -> list[Death]:
+        """Replacements killed before their hello since the last call (``restart``)."""
+        out, self.start_deaths = self.start_deaths, []
+        return out
 
     def _await_hello(self, worker: int, wk: _Worker, deadline: float, wait_s: float) -> int | None:
         """Wait for a replacement's hello: None once it is ready, else its exit code."""
