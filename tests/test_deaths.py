@@ -370,3 +370,44 @@ def test_a_max_failures_that_is_no_count_or_fraction_is_named(value: Any) -> Non
     # nan said "cannot convert float NaN to integer" at the first failure
     with pytest.raises(ValueError, match=r"max_failures="):
         conveyor.DataLoader(Rows(4), batch_size=2, on_error="skip", max_failures=value)
+
+
+STUCK_AT_EXIT = """
+import sys, time
+import numpy as np
+import conveyor
+from helpers import WORKERS
+
+class Stuck:
+    def __len__(self):
+        return 64
+
+    def __getitem__(self, i):
+        if i >= 8:  # the batches after the second: each sample takes 4 s
+            time.sleep(4)
+            with open(sys.argv[1], "a") as f:
+                f.write(f"{i}\\n")
+        return np.full(4, i)
+
+if __name__ == "__main__":
+    loader = conveyor.DataLoader(Stuck(), batch_size=4, num_workers=2, **WORKERS)
+    it = iter(loader)
+    next(it), next(it)
+    print("EXIT", flush=True)  # and the interpreter exits, the iterator alive, both workers in a sample
+"""
+
+
+@pytest.mark.timeout(120)
+def test_interpreter_exit_does_not_wait_for_a_worker_in_a_sample(tmp_path: Path, script_env: dict[str, str]) -> None:
+    # the loader's finalizer told its workers to stop and waited 5 s for them: one in a slow
+    # sample finished it meanwhile (and the exit took 5 s longer than torch's, whose workers
+    # multiprocessing's exit hook ends at once). Now they are ended without finishing it.
+    import subprocess
+
+    marks = tmp_path / "finished"
+    script = tmp_path / "stuck.py"
+    script.write_text(STUCK_AT_EXIT)
+    proc = subprocess.run([sys.executable, str(script), str(marks)], capture_output=True, text=True,
+                          env=script_env, timeout=100)
+    assert proc.returncode == 0 and "EXIT" in proc.stdout, proc.stderr[-3000:]
+    assert not marks.exists(), f"a worker finished a sample after the exit began: {marks.read_text()!r}"

@@ -10,6 +10,7 @@ slots freed by the garbage collector ride back on the next order.
 from __future__ import annotations
 
 import _thread
+import atexit
 import contextlib
 import gc
 import math
@@ -719,10 +720,15 @@ class ProcessExecutor:
         self.closed = True
         # (another thread iterating may be replacing a worker meanwhile: one it reaped has its
         # process object closed, one it started after this snapshot is reaped by the next round)
+        # at interpreter exit (the loader's finalizer, from atexit) nothing waits for a batch:
+        # a worker holding some is in a sample, and would read the stop order only once its
+        # batch is made; one stuck there held the exit up for the 5 s below (torch's workers
+        # are ended by multiprocessing's own exit hook at once)
+        exiting = _exiting or not threading.main_thread().is_alive()
         while live := [(w, wk) for w, wk in enumerate(self.workers) if wk is not None]:
             for w, wk in live:
                 with contextlib.suppress(ValueError):  # closed: reaped by that other thread
-                    if w in self.hung:
+                    if w in self.hung or exiting and self.ledger.count(w):
                         wk.proc.kill()  # stuck in a sample: it would not read the stop order in time
                     elif not wk.ready:
                         # still starting (importing, worker_init_fn), holding no batch: it would
@@ -755,6 +761,15 @@ class ProcessExecutor:
 
 
 _cut_short: list[ProcessExecutor] = []  # closes a Ctrl-C cut short, that nothing else would finish
+_exiting = False  # the interpreter runs its exit hooks (see _close)
+
+
+def _note_exit() -> None:
+    global _exiting
+    _exiting = True
+
+
+atexit.register(_note_exit)  # (hooks run last registered first: before finalizers registered later)
 
 
 def finish_cut_short() -> None:
