@@ -63,6 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--hold", type=int, default=16, help="batches kept and checked again (mixed)")
     ap.add_argument("--width", type=int, default=4, help="int64s a sample (2048+: batches in shared memory)")
     ap.add_argument("--context", default=None, help="start method: fork, spawn or forkserver")
+    ap.add_argument("--prefetch", type=int, default=2, help="prefetch_factor (more: more batches sent and unread)")
     args = ap.parse_args(argv)
 
     import collections
@@ -79,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
         trigger = os.path.join(tempfile.mkdtemp(prefix="soak_"), "exit")
     loader = DataLoader(Numbers(n, args.width, trigger), batch_size=args.batch_size, num_workers=args.workers,
                         output="numpy", adaptive=False, max_worker_restarts=10**9,
-                        multiprocessing_context=args.context)
+                        multiprocessing_context=args.context, prefetch_factor=args.prefetch)
     expected = 0
     ends: collections.Counter[str] = collections.Counter()
     held: collections.deque[tuple[int, np.ndarray]] = collections.deque()
