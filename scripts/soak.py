@@ -52,6 +52,26 @@ class Numbers:
         return x
 
 
+def workers() -> list[int]:
+    """This process's live worker processes (a fork server's children included), not
+    multiprocessing's helpers."""
+    import psutil
+
+    out = []
+    for p in psutil.Process().children(recursive=True):
+        try:
+            if p.status() == psutil.STATUS_ZOMBIE:
+                continue
+            cmd = " ".join(p.cmdline())
+            # (a fork server's workers are forked from it: they show its command line too)
+            server = "forkserver" in cmd and p.ppid() == os.getpid()
+        except psutil.Error:
+            continue
+        if "resource_tracker" not in cmd and not server:
+            out.append(p.pid)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--batches", type=int, default=10_000)
@@ -68,8 +88,6 @@ def main(argv: list[str] | None = None) -> int:
 
     import collections
     import tempfile
-
-    import psutil
 
     from conveyor import DataLoader
 
@@ -111,10 +129,9 @@ def main(argv: list[str] | None = None) -> int:
                     open(trigger, "w").close()  # the next sample a worker starts ends it
                     ends[how] += 1
                 else:
-                    kids = [p for p in psutil.Process().children()
-                            if "resource_tracker" not in p.name() and "forkserver" not in " ".join(p.cmdline())]
+                    kids = workers()
                     if kids:
-                        os.kill(rng.choice(kids).pid, getattr(signal, how))
+                        os.kill(rng.choice(kids), getattr(signal, how))
                         ends[how] += 1
                 next_kill = b + rng.randint(args.every // 2, args.every * 3 // 2)
         stats = loader.stats()
@@ -123,8 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     ok = expected == n
     left = [name for name in os.listdir("/dev/shm") if name.startswith(f"conveyor_{os.getpid()}_")] \
         if os.path.isdir("/dev/shm") else []
-    kids = [p.pid for p in psutil.Process().children()
-            if "resource_tracker" not in p.name() and "forkserver" not in " ".join(p.cmdline())]
+    kids = workers()
     deaths = collections.Counter(d.split(") ", 1)[-1] for d in stats["deaths"])
     print(f"{'OK' if ok and not left and not kids else 'FAIL'}: {b + 1} batches, {expected} of {n} samples "
           f"exactly once and in order; ended {sum(ends.values())} workers ({dict(ends)}), "
