@@ -20,7 +20,6 @@ import copy
 import dataclasses
 import math
 import os
-import re
 import select
 import signal
 import sys
@@ -1191,21 +1190,17 @@ def name_unpicklable(exc: BaseException, batch: Any, task: Task, spec: WorkerSpe
     where = f"the batch at batch{path}"
     if indices is not None and not spec.auto_collation:
         where = f"sample {indices[0]} at sample{path}"  # the batch is the sample
-    elif indices is not None:
-        head = re.match(r"\[(\d+)\]", path)
-        if isinstance(batch, (list, tuple)) and len(batch) == len(indices) and head:
-            k = int(head.group(1))  # a collate_fn that keeps the samples as they are
-            where = f"sample {indices[k]} at sample{path[head.end():]}"
-        elif not spec.iterable:
-            for i in indices:  # collated: ask the samples themselves, one by one
-                try:
-                    inner = _unpicklable(spec.dataset[i], "")
-                except Exception:  # noqa: BLE001 - the sample cannot be read again: say what is known
-                    break
-                if inner is not None:
-                    path, kind = inner
-                    where = f"sample {i} at sample{path}"
-                    break
+    elif indices is not None and not spec.iterable:
+        # the batch's shape is the collate_fn's: ask the samples themselves, one by one
+        for i in indices:
+            try:
+                inner = _unpicklable(spec.dataset[i], "")
+            except Exception:  # noqa: BLE001 - the sample cannot be read again: say what is known
+                break
+            if inner is not None:
+                path, kind = inner
+                where = f"sample {i} at sample{path}"
+                break
     name = kind.__qualname__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
     exc.add_note(f"A process worker sends each batch to the main process by pickling what is not an array, and "
                  f"{where} holds a {name}, which cannot be pickled. Return plain data "
