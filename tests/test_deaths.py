@@ -411,3 +411,25 @@ def test_interpreter_exit_does_not_wait_for_a_worker_in_a_sample(tmp_path: Path,
                           env=script_env, timeout=100)
     assert proc.returncode == 0 and "EXIT" in proc.stdout, proc.stderr[-3000:]
     assert not marks.exists(), f"a worker finished a sample after the exit began: {marks.read_text()!r}"
+
+
+@pytest.mark.timeout(120)
+def test_a_ctrl_c_as_the_workers_start_leaves_nothing_running(monkeypatch: pytest.MonkeyPatch) -> None:
+    # a Ctrl-C that came as the executor had started its workers, before the loader recorded
+    # it, left an executor nothing closed: its workers ended unjoined, with their pipes open
+    from conveyor.executors import processes
+
+    made = processes.ProcessExecutor.__init__
+
+    def interrupted(self: Any, *args: Any, **kw: Any) -> None:
+        made(self, *args, **kw)
+        signal.raise_signal(signal.SIGINT)  # handled at the next chance Python gets
+
+    monkeypatch.setattr(processes.ProcessExecutor, "__init__", interrupted)
+    before = Snapshot.take()
+    loader = conveyor.DataLoader(Rows(16), batch_size=2, num_workers=2, **WORKERS)
+    with pytest.raises(KeyboardInterrupt):
+        next(iter(loader))
+    loader.close()
+    del loader
+    assert_no_leaks(before)

@@ -1566,20 +1566,23 @@ class _Pool:
                 # the RAM budget is the memory free before the workers take theirs: read after
                 # their start, what they hold was missing from it and then charged to it again
                 _ = self.tuner.ram
-            if self.worker_type == "thread":
-                ex: Any = ThreadExecutor(self.spec, self.num_workers)
-            else:
-                me = weakref.ref(self)
-                mark = self.fd_mark
-                # a loader's first workers may collect loaders dropped before in reference cycles
-                # (a full collection); its later epochs' pools need not (see processes._freeze)
-                first, self.forked[:] = not self.forked, [True]
-                ex = ProcessExecutor(lambda: getattr(me(), "spec", None), self.num_workers, self.context,
-                                     pinner=self.pinner,
-                                     private_files=lambda: inherit.opened_since(mark[0] if mark else None),
-                                     collect=first)
-            self._holder.append(ex)
-            self._closers.append(ex)
+            # started and recorded with a Ctrl-C held: one in between left an executor nothing
+            # closes (its workers ended unjoined, their process objects' pipes open for good)
+            with hold_ctrl_c():
+                if self.worker_type == "thread":
+                    ex: Any = ThreadExecutor(self.spec, self.num_workers)
+                else:
+                    me = weakref.ref(self)
+                    mark = self.fd_mark
+                    # a loader's first workers may collect loaders dropped before in reference cycles
+                    # (a full collection); its later epochs' pools need not (see processes._freeze)
+                    first, self.forked[:] = not self.forked, [True]
+                    ex = ProcessExecutor(lambda: getattr(me(), "spec", None), self.num_workers, self.context,
+                                         pinner=self.pinner,
+                                         private_files=lambda: inherit.opened_since(mark[0] if mark else None),
+                                         collect=first)
+                self._holder.append(ex)
+                self._closers.append(ex)
             if self.dead:  # close() from another thread while they started: nothing else closes them
                 ex.close()
                 raise RuntimeError("this DataLoader's workers were shut down")

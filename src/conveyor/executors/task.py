@@ -329,7 +329,7 @@ class Doorbell:
         return True
 
     def close(self) -> None:
-        fd, self.fd = self.fd, -1
+        fd, self.fd = getattr(self, "fd", -1), -1  # (-1 also for one whose __init__ was cut short)
         if fd >= 0:
             os.close(fd)
 
