@@ -1034,3 +1034,61 @@ def test_a_state_taken_between_iter_and_the_first_batch_resumes_that_epoch(sampl
             got = [b.tolist() for b in second] + [b.tolist() for b in second]
     assert state["epoch"] == 1 and state["batches"] == 0
     assert got == want
+
+
+def _saved(at: int = 3, **kw: Any) -> tuple[dict[str, Any], Callable[[], DataLoader[Any]]]:
+    """A state saved after ``at`` batches of a 10-batch shuffled epoch, and how to make its loader."""
+    def make() -> DataLoader[Any]:
+        return DataLoader(list(range(20)), batch_size=2, shuffle=True, seed=7, output="numpy", **kw)
+
+    loader = make()
+    it = iter(loader)
+    for _ in range(at):
+        next(it)
+    return json.loads(json.dumps(loader.state_dict())), make
+
+
+def _sampler_seed(state: dict[str, Any], seed: int) -> dict[str, Any]:
+    state["sampler"]["sampler"]["seed"] = seed
+    return state
+
+
+@pytest.mark.parametrize(("field", "value", "says"), [
+    ("batches", -3, r"state\['batches'\] should be a whole number from 0 to 10"),
+    ("batches", 11, r"state\['batches'\] should be a whole number from 0 to 10"),
+    ("batches", 10**6, r"state\['batches'\] should be a whole number from 0 to 10"),
+    ("batches", 2.0, r"state\['batches'\] should be a whole number"),
+    ("batches", True, r"state\['batches'\] should be a whole number"),
+    ("batches", None, r"state\['batches'\] should be a whole number"),
+    ("epoch", 1.5, r"state\['epoch'\] should be a whole number >= 0"),
+    ("epoch", -1, r"state\['epoch'\] should be a whole number >= 0"),
+    ("epoch", "1", r"state\['epoch'\] should be a whole number >= 0"),
+    ("done", [99], r"state\['done'\] should list batch positions from 4 to 9"),
+    ("done", [5, 5], r"state\['done'\] should list batch positions from 4 to 9"),
+    ("done", [3], r"state\['done'\] should list batch positions from 4 to 9"),
+    ("replay", True, r"state\['replay'\] is True.*state\['batches'\] is 3"),
+    ("replay", "yes", r"state\['replay'\] should be True or False"),
+    ("sampler-seed", 8, r"state\['sampler'\]\['sampler'\]\['seed'\] is 8.*seed 7"),
+])
+def test_a_state_that_names_no_reachable_position_is_refused(field: str, value: Any, says: str) -> None:
+    # each was loaded, and the loader resumed elsewhere without a word (an empty epoch, the
+    # epoch from its start, epoch 1 for 1.5, another shuffle), or failed later at iter()
+    state, make = _saved()
+    if field == "sampler-seed":
+        state = _sampler_seed(state, value)
+    else:
+        state[field] = value
+    loader = make()
+    with pytest.raises(ValueError, match=says):
+        loader.load_state_dict(state)
+    # nothing of the refused state was taken: the loader runs its first epoch as a fresh one would
+    assert [b.tolist() for b in loader] == [b.tolist() for b in make()]
+
+
+def test_states_at_the_edges_of_an_epoch_still_load() -> None:
+    for at in (0, 1, 9, 10):  # 10: every batch handed out, the next epoch named
+        state, make = _saved(at)
+        make().load_state_dict(state)
+    state, make = _saved(3)
+    state["done"] = [4, 9]
+    make().load_state_dict(state)

@@ -37,6 +37,7 @@ from .collate import default_collate, default_convert, numpy_collate
 from .distributed import ShardedIterable, gives_rank_shares, group_world_size, rank_and_world
 from .errors import Failure, SlowSettingWarning, TooManyFailures, capture, rebuild
 from .executors import inherit
+from .executors.base import hold_ctrl_c
 from .executors.inline import InlineExecutor
 from .executors.processes import ProcessExecutor, finish_cut_short
 from .executors.recovery import Recovery
@@ -291,7 +292,8 @@ class DataLoader(Generic[T]):
             raise ValueError(f"fetch_threads must be a positive int, but got fetch_threads={fetch_threads!r}")
         if on_error not in ("raise", "skip"):
             raise ValueError(f"on_error must be 'raise' or 'skip', but got on_error={on_error!r}")
-        if isinstance(max_failures, bool) or not isinstance(max_failures, (int, float)) or max_failures < 0:
+        if (isinstance(max_failures, bool) or not isinstance(max_failures, (int, float)) or max_failures < 0
+                or math.isnan(max_failures)):
             raise ValueError(f"max_failures must be a non-negative count or fraction, got max_failures={max_failures!r}")
         if isinstance(max_failures, float) and max_failures > 1:
             raise ValueError(f"max_failures as a fraction must be at most 1, got max_failures={max_failures!r}")
@@ -1014,6 +1016,7 @@ class DataLoader(Generic[T]):
                              f"but this loader's dataset has length {n}")
         if state.get("seed") != self.seed:
             raise ValueError(f"this state was saved with seed={state.get('seed')}, this loader has seed={self.seed}")
+        self._check_position(state)
         if int(state.get("batches") or 0) > 0:  # a position counted in batches: they must be the same batches
             for key in ("batch_size", "drop_last"):
                 if key in state and state[key] != getattr(self, key):
@@ -1059,6 +1062,53 @@ class DataLoader(Generic[T]):
                         "replayed": replayed}
         self._loaded = dict(state)
         self._epoch = int(state["epoch"])
+
+    def _check_position(self, state: dict[str, Any]) -> None:
+        """Refuse a state that names no position this loader can reach (checked before any of
+        it is taken): each was loaded, and the loader resumed elsewhere without a word."""
+        total = None if self._iterable else _sized(self._index_sampler)  # batches in an epoch
+
+        def whole(v: Any) -> bool:
+            return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
+
+        replay = state.get("replay", False)
+        if not isinstance(replay, (bool, np.bool_)):
+            raise ValueError(f"state['replay'] should be True or False, got {replay!r:.100}")
+        batches = state.get("batches")
+        if replay and (batches or state.get("done") or state.get("replicas")):
+            raise ValueError(f"state['replay'] is True, which names an epoch's end, but state['batches'] is "
+                             f"{batches!r:.100}" + (f" and state['done'] is {state.get('done')!r:.100}"
+                                                    if state.get("done") else "")
+                             + ": a state saved mid-epoch has replay False")
+        epoch = state.get("epoch")
+        low = 1 if replay else 0  # a replayed state names the epoch after the one it replays
+        if not whole(epoch) or epoch < low:
+            raise ValueError(f"state['epoch'] should be a whole number >= {low}"
+                             + (" (state['replay'] is True: the epoch after the one replayed)" if replay else "")
+                             + f", got {epoch!r:.100}")
+        if not whole(batches) or batches < 0 or total is not None and batches > total:
+            span = f"from 0 to {total} (the batches of an epoch)" if total is not None else ">= 0"
+            raise ValueError(f"state['batches'] should be a whole number {span}, got {batches!r:.100}")
+        done = state.get("done") or []
+        last = None if total is None else total - 1
+        if not isinstance(done, list) or not all(whole(p) and p > batches and (last is None or p <= last)
+                                                 for p in done) or len(set(done)) != len(done):
+            span = f"from {batches + 1} to {last}" if last is not None else f"after {batches}"
+            raise ValueError(f"state['done'] should list batch positions {span} (handed out ahead of "
+                             f"state['batches']={batches}), each once, got {done!r:.200}")
+        self._check_sampler_seeds(state.get("sampler"), self._index_sampler, "state['sampler']")
+
+    def _check_sampler_seeds(self, saved: Any, sampler: Any, path: str) -> None:
+        """A seeded sampler's saved seed must be this loader's sampler's: another shuffled
+        other samples, without a word."""
+        while isinstance(saved, dict) and sampler is not None:
+            if saved.get("mode") == "seed" and "seed" in saved:
+                mine = getattr(sampler, "seed", None)
+                if mine is not None and saved["seed"] != mine:
+                    raise ValueError(f"{path}['seed'] is {saved['seed']!r:.100}, but this loader's sampler "
+                                     f"({type(sampler).__name__}) has seed {mine}: it would shuffle other "
+                                     "samples. Resume with the seed the state was saved with")
+            saved, sampler, path = saved.get("sampler"), getattr(sampler, "sampler", None), f"{path}['sampler']"
 
     def _dataset_len(self) -> int | None:
         try:
@@ -1641,20 +1691,23 @@ class _Pool:
                 # the RAM budget is the memory free before the workers take theirs: read after
                 # their start, what they hold was missing from it and then charged to it again
                 _ = self.tuner.ram
-            if self.worker_type == "thread":
-                ex: Any = ThreadExecutor(self.spec, self.num_workers)
-            else:
-                me = weakref.ref(self)
-                mark = self.fd_mark
-                # a loader's first workers may collect loaders dropped before in reference cycles
-                # (a full collection); its later epochs' pools need not (see processes._freeze)
-                first, self.forked[:] = not self.forked, [True]
-                ex = ProcessExecutor(lambda: getattr(me(), "spec", None), self.num_workers, self.context,
-                                     pinner=self.pinner,
-                                     private_files=lambda: inherit.opened_since(mark[0] if mark else None),
-                                     collect=first, shipped=self.loop_stats.shipped)
-            self._holder.append(ex)
-            self._closers.append(ex)
+            # started and recorded with a Ctrl-C held: one in between left an executor nothing
+            # closes (its workers ended unjoined, their process objects' pipes open for good)
+            with hold_ctrl_c():
+                if self.worker_type == "thread":
+                    ex: Any = ThreadExecutor(self.spec, self.num_workers)
+                else:
+                    me = weakref.ref(self)
+                    mark = self.fd_mark
+                    # a loader's first workers may collect loaders dropped before in reference cycles
+                    # (a full collection); its later epochs' pools need not (see processes._freeze)
+                    first, self.forked[:] = not self.forked, [True]
+                    ex = ProcessExecutor(lambda: getattr(me(), "spec", None), self.num_workers, self.context,
+                                         pinner=self.pinner,
+                                         private_files=lambda: inherit.opened_since(mark[0] if mark else None),
+                                         collect=first, shipped=self.loop_stats.shipped)
+                self._holder.append(ex)
+                self._closers.append(ex)
             if self.dead:  # close() from another thread while they started: nothing else closes them
                 ex.close()
                 raise RuntimeError("this DataLoader's workers were shut down")
@@ -2244,6 +2297,10 @@ class _Run(Generic[T]):
                 self.batches, start = self._replayed_batches(skip, replayed)
             else:
                 self.batches = iter(loader._index_sampler)  # a stream's: placeholders, never skipped
+            if not iterable and loader._auto_collation and not _fresh_batches(loader._index_sampler):
+                # a batch sampler may yield one list refilled in place: each batch is copied as it
+                # is drawn, or batches read ahead (and tasks not yet sent) change under the loader
+                self.batches = map(_own_indices, self.batches)
             if self.ahead:
                 self.positions = []
                 # a copy: ``ahead`` loses each position as the prefix passes it, and the
@@ -2280,6 +2337,7 @@ class _Run(Generic[T]):
         self.pipe_seed: int | None = None  # (DataLoader.__iter__)
         # the loader's (epoch counter, resume state, end position) before this run's iter()
         self.undo: tuple[int, dict[str, Any] | None, dict[str, Any] | None] | None = None
+        self.thread = threading.get_ident()  # the thread that last asked for a batch
 
     def _give_back(self) -> bool:
         """Dropped or closed before handing out a batch (a trainer's probe: Lightning calls
@@ -2467,6 +2525,7 @@ class _Run(Generic[T]):
             if self.successor is not None:
                 return next(self.successor)
             raise StopIteration
+        self.thread = threading.get_ident()
         asked = time.perf_counter()
         try:
             batch, size = self._next()
@@ -2563,7 +2622,7 @@ class _Run(Generic[T]):
                     if self.inflight and not polled:
                         # a batch was waiting here: collect what else is done, without blocking,
                         # and refill, so a worker never sits idle while its results sit in the pipe
-                        self._absorb(self.ex.poll(0))
+                        self._poll(0)
                     else:
                         # the batch handed out leaves room for the next task now, as torch's
                         # loader refills when it hands one out. Refilled only at the next call,
@@ -2585,23 +2644,51 @@ class _Run(Generic[T]):
             timeout = _TICK
             if self.loader.timeout > 0:
                 timeout = min(timeout, max(0.0, waited_since + self.loader.timeout - time.monotonic()))
-            events = self.ex.poll(timeout)
             polled = True
-            if not events:
+            if not self._poll(timeout):
                 if self.loader.timeout > 0 and time.monotonic() - waited_since >= self.loader.timeout:
                     if not self._restart_hung():
                         raise self._timeout_error()
                     waited_since = time.monotonic()
                 continue
-            self._absorb(events)
+
+    def _poll(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` for what the workers send and take it in (``_absorb``); False
+        when nothing came. Process workers' results are read and recorded with a Ctrl-C held
+        (``hold_ctrl_c``): one between the two lost the result, and a persistent loader's
+        later epochs waited for ever on the worker still counted as holding it."""
+        ex = self.ex
+        wait = getattr(ex, "wait_ready", None)
+        if wait is None:
+            events = ex.poll(timeout)
+            if events:
+                self._absorb(events)
+            return bool(events)
+        ready = wait(timeout)
+        if not ready:
+            return False
+        with hold_ctrl_c():
+            events = ex.take_ready(ready)
+            deaths = self._take_in(events)
+        for death in deaths:  # (replacing a worker waits for it: not held; an unhandled death is seen again)
+            self._on_death(death)
+        self._fill()
+        return bool(events)
 
     def _absorb(self, events: list[Any]) -> None:
         """Take finished batches and deaths from the executor, then refill at once: results
         often arrive together, and a worker must not wait for the consumer to run dry
         before it hears of its next batch."""
+        for death in self._take_in(events):
+            self._on_death(death)
+        self._fill()
+
+    def _take_in(self, events: list[Any]) -> list[Death]:
+        """Record the results among ``events``; returns the deaths."""
+        deaths = []
         for ev in events:
             if isinstance(ev, Death):
-                self._on_death(ev)
+                deaths.append(ev)
             elif ev.seq < self.first_seq or ev.seq not in self.inflight:
                 self.ex.release(ev)  # from an abandoned epoch
             else:
@@ -2611,7 +2698,7 @@ class _Run(Generic[T]):
                     pool.delivered = True
                     pool.findings.start_s = time.perf_counter() - pool.launched_at
                 self.reorder.push(ev)
-        self._fill()
+        return deaths
 
     def _quick(self) -> tuple[Any, int]:
         """A batch made in the main process, without the task envelope (the common, cheap case)."""
@@ -2913,7 +3000,18 @@ class _Run(Generic[T]):
             raise err
         self.stats.restarts += 1
         # a replacement that does not start is waited for as a batch is: timeout, when set
-        tasks = self.ex.restart(death.worker, self.loader.timeout or 60.0)
+        wait = self.loader.timeout or 60.0
+        if isinstance(self.ex, ProcessExecutor):
+            # replacements killed before they start are replaced within the same budget
+            budget = self.recovery.max_restarts
+            tasks = self.ex.restart(death.worker, wait, tries=1 + budget - len(self.recovery.deaths),
+                                    spent=f"max_worker_restarts={budget} allows no more")
+            for early in self.ex.take_start_deaths():
+                self.recovery.deaths.append(early)
+                self.stats.deaths.append(early.describe())
+                self.stats.restarts += 1
+        else:
+            tasks = self.ex.restart(death.worker, wait)
         tasks = [t for t in tasks if t.seq in self.inflight]
         if tasks:
             for t in tasks:
@@ -3004,9 +3102,11 @@ class _Run(Generic[T]):
         if not self.replicas_done or self.finished or self.dropping:
             return False
         if (take_in and any(self.active) and self.inflight and self.loader._device_stage is None
-                and self.ex.kind != "inline"):
-            # the workers' word may be waiting in the pipes: take it in (no batch is handed out)
-            self._absorb(self.ex.poll(0))
+                and self.ex.kind != "inline" and threading.get_ident() == self.thread):
+            # the workers' word may be waiting in the pipes: take it in (no batch is handed out).
+            # Only in the thread that iterates: a checkpoint thread's poll ran into the loop's
+            # ("concurrent poll() invocation"), and its refill wrote orders into the same pipes
+            self._poll(0)
         if self.inflight:
             return False
         buffered = list(self.reorder.buffer.values())
@@ -3091,6 +3191,35 @@ class _Run(Generic[T]):
                 self._release_buffered()
         except Exception:
             pass
+
+
+def _sized(obj: Any) -> int | None:
+    """``len(obj)``, or None for an object without a length."""
+    try:
+        return int(len(obj))
+    except (TypeError, NotImplementedError):
+        return None
+
+
+def _fresh_batches(sampler: Any) -> bool:
+    """Does this batch sampler yield a new object for every batch (conveyor's and torch's own)?"""
+    kind = type(sampler)
+    return kind is BatchSampler or (kind.__name__ == "BatchSampler"
+                                    and kind.__module__ == "torch.utils.data.sampler")
+
+
+def _own_indices(indices: Any) -> Any:
+    """A batch sampler's indices, copied where the sampler could change them after yielding."""
+    kind = type(indices)
+    if kind is list:
+        return indices.copy()
+    if kind is tuple or kind is range:
+        return indices
+    if isinstance(indices, np.ndarray):
+        return indices.copy()
+    if _torch.is_tensor(indices):
+        return indices.clone()
+    return list(indices)
 
 
 def _task_indices(indices: Any) -> Any:

@@ -10,6 +10,7 @@ slots freed by the garbage collector ride back on the next order.
 from __future__ import annotations
 
 import _thread
+import atexit
 import contextlib
 import gc
 import math
@@ -29,7 +30,7 @@ from typing import Any
 from .. import transport
 from ..errors import StartupError, rebuild
 from ..transport import share
-from .base import Event, Ledger
+from .base import Event, Ledger, hold_ctrl_c
 from .task import Death, Doorbell, Hello, Inbox, Order, Result, Task, send
 from .worker import WorkerSpec, serve, stack_path
 
@@ -201,6 +202,7 @@ class ProcessExecutor:
         self.warned = False
         self.hung: set[int] = set()  # workers a timeout found stuck: close() kills them at once
         self.kill_causes: dict[int, tuple[str, str | None]] = {}  # workers killed on purpose: why
+        self.start_deaths: list[Death] = []  # replacements killed before their hello (restart)
         self.pending_freed: dict[tuple[int, int], list[int]] = {}  # (worker, gen) -> slot ids
         # results received and not yet decoded or released, by (worker, gen): their slots must
         # stay readable when that worker dies and its segments are unlinked
@@ -301,14 +303,17 @@ class ProcessExecutor:
     def submit(self, worker: int, tasks: list[Task]) -> None:
         wk = self.workers[worker]
         assert wk is not None
-        self.ledger.add(worker, tasks)
-        freed = self._freed_for(worker, wk.gen)
-        try:
-            # plain tuples, not an Order of Tasks: the worker unpickles one for every batch, a
-            # class lookup and a constructor call each cost it a few microseconds cold
-            send(wk.tasks, ([tuple(t) for t in tasks], freed), wk.bell)
-        except (BrokenPipeError, OSError):
-            pass  # the worker died; poll() reports it and recovery re-issues the tasks
+        # tasks counted as held and never sent (a Ctrl-C between the two) would keep the worker
+        # counted busy for good; ``send`` itself finishes a frame before raising one
+        with hold_ctrl_c():
+            self.ledger.add(worker, tasks)
+            freed = self._freed_for(worker, wk.gen)
+            try:
+                # plain tuples, not an Order of Tasks: the worker unpickles one for every batch, a
+                # class lookup and a constructor call each cost it a few microseconds cold
+                send(wk.tasks, ([tuple(t) for t in tasks], freed), wk.bell)
+            except (BrokenPipeError, OSError):
+                pass  # the worker died; poll() reports it and recovery re-issues the tasks
 
     def _freed_for(self, worker: int, gen: int) -> tuple[int, ...]:
         pending = self.pending_freed
@@ -366,9 +371,18 @@ class ProcessExecutor:
                 del self._fds[fd]
 
     def poll(self, timeout: float | None) -> list[Event]:
+        return self.take_ready(self._ready(timeout))
+
+    def wait_ready(self, timeout: float | None) -> list[tuple[int, bool]]:
+        """``poll`` in two: wait up to ``timeout`` for pipes or sentinels to be ready (a Ctrl-C
+        may cut this short), then ``take_ready`` what they hold (to be held from a Ctrl-C, with
+        whatever records the results it returns: a result read and not recorded is lost)."""
+        return self._ready(timeout)
+
+    def take_ready(self, ready: list[tuple[int, bool]]) -> list[Event]:
         events: list[Event] = []
         dead: set[int] = set()
-        for w, sentinel in self._ready(timeout):
+        for w, sentinel in ready:
             wk = self.workers[w]
             assert wk is not None
             if not sentinel:
@@ -492,8 +506,11 @@ class ProcessExecutor:
         wk = self.workers[worker]
         return None if wk is None else wk.pid
 
-    def restart(self, worker: int, wait_s: float = 60.0) -> list[Task]:
-        """Replace a dead worker (new generation); its unfinished tasks are returned."""
+    def restart(self, worker: int, wait_s: float = 60.0, tries: int = START_TRIES, spent: str = "") -> list[Task]:
+        """Replace a dead worker (new generation); its unfinished tasks are returned. A
+        replacement killed by a signal before its hello is replaced in turn, ``tries``
+        replacements in all (the loader's restart budget; ``spent`` says so when it runs out);
+        each such death is kept for ``take_start_deaths``."""
         old = self.workers[worker]
         if self.closed:
             raise RuntimeError("this DataLoader's workers were shut down")
@@ -517,7 +534,8 @@ class ProcessExecutor:
             self.workers[worker] = None
         tasks = self.ledger.take(worker)
         deadline = time.monotonic() + wait_s
-        for attempt in range(1, START_TRIES + 1):
+        tries = max(1, tries)
+        for attempt in range(1, tries + 1):
             self.gens[worker] += 1
             wk = self._spawn(worker)
             self.workers[worker] = wk
@@ -532,10 +550,14 @@ class ProcessExecutor:
             if code is None:
                 return tasks
             how = f"was killed by {_signal_name(-code)}" if code < 0 else f"exited with code {code}"
-            if code >= 0 or attempt == START_TRIES:
+            if code >= 0 or attempt == tries:
                 # it failed to start (an import, worker_init_fn): another would too
+                row = f"{attempt} replacements in a row" if attempt > 1 else ""
+                if code < 0 and spent:
+                    row = f"{row}{'; ' if row else ''}{spent}"
                 raise StartupError(f"replacement for worker {worker} {how} during start-up"
-                                   + (f" ({attempt} replacements in a row)" if attempt > 1 else ""))
+                                   + (f" ({row})" if row else ""))
+            self.start_deaths.append(Death(worker, wk.pid, code))
             # killed by a signal (the OOM killer, a scheduler, a user) before its hello: a death
             # like one after it, which the next replacement makes good. It ended the epoch.
             self._unwatch(wk)
@@ -543,6 +565,11 @@ class ProcessExecutor:
             self.workers[worker] = None
             transport.sweep(f"{self.prefix}w{worker}g{wk.gen}_")
         raise AssertionError("unreachable")  # pragma: no cover
+
+    def take_start_deaths(self) -> list[Death]:
+        """Replacements killed before their hello since the last call (``restart``)."""
+        out, self.start_deaths = self.start_deaths, []
+        return out
 
     def _await_hello(self, worker: int, wk: _Worker, deadline: float, wait_s: float) -> int | None:
         """Wait for a replacement's hello: None once it is ready, else its exit code."""
@@ -701,10 +728,15 @@ class ProcessExecutor:
         self.closed = True
         # (another thread iterating may be replacing a worker meanwhile: one it reaped has its
         # process object closed, one it started after this snapshot is reaped by the next round)
+        # at interpreter exit (the loader's finalizer, from atexit) nothing waits for a batch:
+        # a worker holding some is in a sample, and would read the stop order only once its
+        # batch is made; one stuck there held the exit up for the 5 s below (torch's workers
+        # are ended by multiprocessing's own exit hook at once)
+        exiting = _exiting or not threading.main_thread().is_alive()
         while live := [(w, wk) for w, wk in enumerate(self.workers) if wk is not None]:
             for w, wk in live:
                 with contextlib.suppress(ValueError):  # closed: reaped by that other thread
-                    if w in self.hung:
+                    if w in self.hung or exiting and self.ledger.count(w):
                         wk.proc.kill()  # stuck in a sample: it would not read the stop order in time
                     elif not wk.ready:
                         # still starting (importing, worker_init_fn), holding no batch: it would
@@ -738,6 +770,15 @@ class ProcessExecutor:
 
 
 _cut_short: list[ProcessExecutor] = []  # closes a Ctrl-C cut short, that nothing else would finish
+_exiting = False  # the interpreter runs its exit hooks (see _close)
+
+
+def _note_exit() -> None:
+    global _exiting
+    _exiting = True
+
+
+atexit.register(_note_exit)  # (hooks run last registered first: before finalizers registered later)
 
 
 def finish_cut_short() -> None:

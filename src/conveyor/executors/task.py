@@ -351,6 +351,14 @@ class Doorbell:
         return True
 
     def close(self) -> None:
-        if self.fd >= 0:
-            os.close(self.fd)
-            self.fd = -1
+        fd, self.fd = getattr(self, "fd", -1), -1  # (-1 also for one whose __init__ was cut short)
+        if fd >= 0:
+            os.close(fd)
+
+    def __del__(self) -> None:
+        # a close cut short by a Ctrl-C (after the worker's pipes, before its bell) left the
+        # descriptor open once its worker was forgotten: the bell owns it, and closes it last
+        try:
+            self.close()
+        except OSError:
+            pass

@@ -1014,10 +1014,17 @@ def _serve(spec: WorkerSpec, worker_id: int, gen: int, tasks: Any, results: Any,
         except OSError:
             pass
         if pool is not None:
-            pool.close()  # the main thread may be using it: the last thing done before exiting
-            # a segment being created when the signal landed is in /dev/shm but not yet in the
-            # pool: every name of this worker's goes
-            _segment.sweep(pool.prefix)
+            # the main thread may be using the pool: the last thing done before exiting
+            if parent.going():
+                pool.close()
+                # a segment being created when the signal landed is in /dev/shm but not yet in
+                # the pool: every name of this worker's goes
+                _segment.sweep(pool.prefix)
+            else:
+                # only this worker ends (``kill PID``, earlyoom, a sample's sys.exit()): the
+                # main process replaces it and still reads the batches it sent, so their slots
+                # stay; it sweeps this worker's names once it has mapped them
+                pool.close(keep_sent=True)
 
     def on_term(signum: int, frame: Any) -> None:
         # SIGTERM/SIGHUP to the whole process group (timeout, systemd, SLURM's scancel, a
@@ -1114,12 +1121,15 @@ def _serve(spec: WorkerSpec, worker_id: int, gen: int, tasks: Any, results: Any,
                 writer = None
             fetcher.alloc = writer  # collate into the slot (None: no shared memory)
             result = fetcher.run(task)
-            if result.batch is not None:
+            batch = result.batch
+            used = None
+            if batch is not None:
                 try:
-                    tree, holes, leaves, blob = encode(result.batch, writer)
+                    tree, holes, leaves, blob = encode(batch, writer)
                 except Exception as exc:
                     if writer is not None:
                         writer.abandon()
+                    name_unpicklable(exc, batch, task, spec)
                     result = Result(task.seq, worker_id, failure=capture(exc, worker_id, task.indices, "sending"))
                 else:
                     used = writer.finish() if writer is not None else None
@@ -1138,7 +1148,19 @@ def _serve(spec: WorkerSpec, worker_id: int, gen: int, tasks: Any, results: Any,
             done += 1
             if done % 16 == 1:
                 result.rss = rss()
-            send(results, result.fields(), full=drain)  # plain tuples only: cheap to pickle (see Result.fields)
+            try:
+                send(results, result.fields(), full=drain)  # plain tuples only: cheap to pickle (see Result.fields)
+            except (OSError, EOFError):
+                raise
+            except Exception as exc:  # noqa: BLE001 - pickling the batch failed: nothing was written
+                # (a lock, a lambda, a generator in a sample): the loop hears why, at once. The
+                # worker died of it, and each replacement died again on the same batch
+                if used and pool is not None:
+                    pool.release(used)
+                name_unpicklable(exc, batch, task, spec)
+                send(results, Result(task.seq, worker_id, failure=capture(exc, worker_id, task.indices, "sending"),
+                                     retired=result.retired, warning=result.warning).fields(), full=drain)
+            batch = None
             # take any orders that arrived meanwhile, without blocking
             if (drain.parked or bell is not None or readable()) and not take():
                 return
@@ -1146,13 +1168,72 @@ def _serve(spec: WorkerSpec, worker_id: int, gen: int, tasks: Any, results: Any,
         return
     finally:
         if pool is not None:
-            pool.close()
+            # told to stop, or leaving on a sample's sys.exit(): a main process that is still
+            # there reads what was sent and sweeps the rest (see cleanup)
+            pool.close(keep_sent=not parent.going())
         if stack_file is not None:
             stack_file.close()
             try:
                 os.unlink(stack_at)  # also when the main process is gone and cannot sweep it
             except OSError:
                 pass
+
+
+def name_unpicklable(exc: BaseException, batch: Any, task: Task, spec: WorkerSpec) -> None:
+    """Note on ``exc`` (pickling a batch failed) which sample holds what could not be pickled,
+    and where in it: ``sample['meta'][2]``. A process worker sends a batch by pickling what
+    is not an array; the error itself names only a type."""
+    found = _unpicklable(batch, "")
+    if found is None:
+        return
+    path, kind = found
+    indices = task.indices if isinstance(task.indices, list) else None
+    where = f"the batch at batch{path}"
+    if indices is not None and not spec.auto_collation:
+        where = f"sample {indices[0]} at sample{path}"  # the batch is the sample
+    elif indices is not None and not spec.iterable:
+        # the batch's shape is the collate_fn's: ask the samples themselves, one by one
+        for i in indices:
+            try:
+                inner = _unpicklable(spec.dataset[i], "")
+            except Exception:  # noqa: BLE001 - the sample cannot be read again: say what is known
+                break
+            if inner is not None:
+                path, kind = inner
+                where = f"sample {i} at sample{path}"
+                break
+    name = kind.__qualname__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
+    exc.add_note(f"A process worker sends each batch to the main process by pickling what is not an array, and "
+                 f"{where} holds a {name}, which cannot be pickled. Return plain data "
+                 "from the dataset (or drop that field in a collate_fn), or use worker_type='thread'.")
+
+
+def _unpicklable(obj: Any, path: str, depth: int = 0) -> tuple[str, type] | None:
+    """The path of the innermost part of ``obj`` that cannot be pickled, and its type; None when
+    ``obj`` pickles. Containers are looked into (their first 1,000 items, 20 levels deep)."""
+    import pickle
+
+    try:
+        pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+        return None
+    except Exception:  # noqa: BLE001 - whatever pickling raises, this is the part that fails
+        pass
+    if depth < 20:
+        if isinstance(obj, dict):
+            parts: list[tuple[str, Any]] = [(f"[{k!r}]", v) for k, v in list(obj.items())[:1000]]
+        elif isinstance(obj, (list, tuple)):
+            parts = [(f"[{i}]", v) for i, v in enumerate(obj[:1000])]
+        elif dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+            parts = [(f".{f.name}", getattr(obj, f.name, None)) for f in dataclasses.fields(obj)]
+        elif hasattr(obj, "__dict__") and not callable(obj) and isinstance(getattr(obj, "__dict__", None), dict):
+            parts = [(f".{k}", v) for k, v in list(vars(obj).items())[:1000]]
+        else:
+            parts = []
+        for step, part in parts:
+            inner = _unpicklable(part, path + step, depth + 1)
+            if inner is not None:
+                return inner
+    return path, type(obj)
 
 
 def steady_malloc(keep_mb: int = WORKER_HEAP_KEEP_MB) -> bool:
@@ -1274,6 +1355,35 @@ class ParentWatch:
         except OSError:
             return True
         return True
+
+    def going(self) -> bool:
+        """Is the main process gone, or ending now of a signal (one sent to the whole process
+        group, say)? A main process that is ending leaves nobody to sweep this worker's slots.
+        Read from its pending signals (Linux): a fatal signal stays pending, and the kernel adds
+        SIGKILL to each of its threads while it exits; elsewhere, wait briefly for it to end."""
+        if not self.alive():
+            return True
+        try:
+            with open(f"/proc/{self.pid}/status", "rb") as f:
+                fields = dict(line.split(b":", 1) for line in f.read().splitlines() if b":" in line)
+            pending = int(fields[b"SigPnd"], 16) | int(fields[b"ShdPnd"], 16)
+            handled = int(fields[b"SigCgt"], 16) | int(fields[b"SigIgn"], 16)
+            state = fields[b"State"].split()[0]
+        except (OSError, KeyError, ValueError, IndexError):
+            if self.fd is not None:
+                return self._poll(200)
+            time.sleep(0.2)
+            return not self.alive()
+        if state in (b"Z", b"X"):
+            return True
+        fatal = 0
+        for sig in (signal.SIGTERM, getattr(signal, "SIGHUP", None), signal.SIGINT,
+                    getattr(signal, "SIGQUIT", None), getattr(signal, "SIGALRM", None)):
+            if sig is not None:
+                fatal |= 1 << (sig - 1)
+        fatal &= ~handled  # one the main process handles (or ignores) does not end it
+        fatal |= 1 << (signal.SIGKILL - 1)
+        return bool(pending & fatal)
 
     def _poll(self, timeout_ms: int | None) -> bool:
         import select  # poll, not select: a worker may hold more than 1024 descriptors

@@ -108,9 +108,13 @@ class SlotPool:
         out, self.retired = self.retired, []
         return out
 
-    def close(self) -> None:
+    def close(self, keep_sent: bool = False) -> None:
+        """Unmap every slot and unlink it. ``keep_sent``: a slot not free may hold a batch sent
+        to the main process and not yet read there; its name is left for the main process,
+        which maps what it still has to read and then sweeps this pool's prefix."""
         for slot in self.slots.values():
-            slot.segment.unlink()
+            if slot.free or not keep_sent:
+                slot.segment.unlink()
             slot.segment.close()
         self.slots.clear()
 
