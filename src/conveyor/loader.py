@@ -37,6 +37,7 @@ from .collate import default_collate, default_convert, numpy_collate
 from .distributed import ShardedIterable, rank_and_world
 from .errors import Failure, capture, rebuild
 from .executors import inherit
+from .executors.grouping import Grouping
 from .executors.inline import InlineExecutor
 from .executors.processes import ProcessExecutor, finish_cut_short
 from .executors.recovery import Recovery
@@ -235,6 +236,9 @@ class DataLoader(Generic[T]):
         threads_asked = fetch_threads
         if type(num_workers) is not int and not isinstance(num_workers, str) and hasattr(num_workers, "__index__"):
             num_workers = operator.index(num_workers)  # numpy integers, 0-d tensors, bools: as torch takes them
+        # prefetch_factor=N counts batches, as torch's; left unset, tiny batches may travel in
+        # groups, and a worker then holds that many groups (executors/grouping.py)
+        groups_ok = prefetch_factor is None or prefetch_factor == "auto"
         if num_workers == "auto":
             # "auto" tunes everything the user left unset: threads for storage that waits,
             # and how far ahead each worker runs
@@ -316,6 +320,7 @@ class DataLoader(Generic[T]):
 
         self.num_workers = num_workers
         self.prefetch_factor = prefetch_factor
+        self._groups_ok = groups_ok
         self.pin_memory = pin_memory
         self.pin_memory_device = pin_memory_device
         self.timeout = timeout
@@ -1425,6 +1430,11 @@ class _Pool:
         self.asked_at = 0.0  # when fetch_here began
         self.on_early: Callable[[], None] | None = None  # the run's dispatch, for _start_early
         self.inline_batches = 0
+        # batches a process worker's task carries (executors/grouping.py): map-style only, where
+        # a worker's task is its batch's indices and nothing hangs on the stream it reads
+        self.grouping = Grouping()
+        if loader._iterable or self.threads != 1 or not loader._groups_ok:
+            self.grouping.decided = True
         self.launched = False  # workers were started at some point
         self.delivered = False  # a worker has handed back a batch
         self.rng_states: dict[int, rng.RngState] = {}  # worker -> RNG state after its probing batches
@@ -1549,7 +1559,7 @@ class _Pool:
         size = self.spec.batch_size or 1
         if self.threads > 1:
             return max(self.prefetch, -(-self.threads // size) + 2)
-        return self.prefetch
+        return self.prefetch * self.grouping.size  # (prefetch_factor tasks of grouped batches)
 
     def bulk_ok(self) -> bool:
         """May the main process gather many batches at once (in-memory arrays, main-process mode)?"""
@@ -2410,6 +2420,8 @@ class _Run(Generic[T]):
             else:
                 self.inflight.pop(ev.seq, None)
                 pool = self.pool
+                if not pool.grouping.decided:
+                    pool.grouping.note(ev)
                 if not pool.delivered:
                     pool.delivered = True
                     pool.findings.start_s = time.perf_counter() - pool.launched_at
@@ -2634,6 +2646,11 @@ class _Run(Generic[T]):
         room = n * cap - len(self.inflight) - len(self.reorder)
         if room <= 0 and self.rr >= 0:
             return  # every worker holds its share (strict round robin keeps them even)
+        group = self.pool.grouping.size if ex.kind == "process" else 1
+        if cap < 2 * group:
+            group = 1  # (fetch threads or a prefetch of 1 since: a whole group would leave the worker idle)
+        if group > 1 and room < n * group and (self.inflight or len(self.reorder)):
+            return  # grouped batches go out a whole group a worker at a time (executors/grouping.py)
         if self.rr < 0:  # the first dispatch of this epoch: batches made in the main process came first
             self.rr = (self.pool.seq - self.first_seq) % max(1, n)
         while len(self.active) < n:
@@ -2667,7 +2684,11 @@ class _Run(Generic[T]):
             held[w] += 1
             orders.setdefault(w, []).append(task)
         for w, tasks in orders.items():
-            ex.submit(w, tasks)
+            if group > 1:
+                for k in range(0, len(tasks), group):
+                    ex.submit(w, tasks[k:k + group], grouped=True)  # one order, one message back
+            else:
+                ex.submit(w, tasks)
         flush = getattr(ex, "flush_freed", None)
         if flush is not None:
             flush()

@@ -495,6 +495,9 @@ WORKER_NICE = int(os.environ.get("CONVEYOR_WORKER_NICE", "5"))
 # MB of freed heap a process worker keeps instead of handing it back to the kernel (0: glibc's
 # own heuristics). See ``steady_malloc``.
 WORKER_HEAP_KEEP_MB = int(os.environ.get("CONVEYOR_WORKER_HEAP_KEEP_MB", "64"))
+# a group's results (executors/grouping.py) go back at once when they have waited this long
+# for the rest of their group: a preempted worker must not hold a batch the loop waits for
+GROUP_HOLD_S = 2e-3
 # the main process's Recycler is left out after this many batches in a row that gave it no
 # leaf, and tried again on one batch in ALLOC_RECHECK (see ``Fetcher._collate``)
 ALLOC_IDLE = 16
@@ -1049,6 +1052,8 @@ def _serve(spec: WorkerSpec, worker_id: int, gen: int, tasks: Any, results: Any,
         inbox = Inbox(tasks)
         warned = False
         done = 0
+        grouped: set[int] = set()  # tasks whose results wait for the rest of their group
+        held: list[tuple[Any, ...]] = []  # those results, in the order made
 
         drain = Drain(results, inbox, parent)
         os.set_blocking(results.fileno(), False)  # (see Drain)
@@ -1066,14 +1071,17 @@ def _serve(spec: WorkerSpec, worker_id: int, gen: int, tasks: Any, results: Any,
         def accept(order: Order | tuple[Any, ...]) -> bool:
             """Apply an order; False when it says stop."""
             if type(order) is tuple:
-                # the order of each batch, sent as plain tuples (processes.submit): (tasks, freed)
-                tasks, freed = order
+                # the order of each batch, sent as plain tuples (processes.submit): (tasks, freed),
+                # and True after them for a group whose results go back together
+                tasks, freed = order[0], order[1]
                 if pool is not None and freed:
                     pool.release(list(freed))
                 for t in tasks:
                     task = Task._make(t)
                     queue.append(task)
                     fetcher.schedule(task)
+                if len(order) > 2 and len(tasks) > 1:
+                    grouped.update(t[0] for t in tasks[:-1])  # held until the group's last is made
                 return True
             if order.stop:
                 return False
@@ -1137,7 +1145,19 @@ def _serve(spec: WorkerSpec, worker_id: int, gen: int, tasks: Any, results: Any,
             done += 1
             if done % 16 == 1:
                 result.rss = rss()
-            send(results, result.fields(), full=drain)  # plain tuples only: cheap to pickle (see Result.fields)
+            msg: Any = result.fields()  # plain tuples only: cheap to pickle (see Result.fields)
+            if task.seq in grouped:
+                grouped.discard(task.seq)
+                held.append(msg)
+                msg = None
+                # (a group that runs long goes back as it is: its first batch waits for it)
+                if not queue or result.end - held[0][7] > GROUP_HOLD_S:
+                    msg, held = held, []
+            elif held:
+                held.append(msg)
+                msg, held = held, []
+            if msg is not None:
+                send(results, msg, full=drain)
             # take any orders that arrived meanwhile, without blocking
             if (drain.parked or bell is not None or readable()) and not take():
                 return
