@@ -2373,9 +2373,11 @@ class _Run(Generic[T]):
             r = self.reorder.pop()
             if r is not None:
                 if self.ex.kind != "inline":
-                    if self.inflight and not polled:
+                    if self.inflight and not polled and self.pool.grouping.size == 1:
                         # a batch was waiting here: collect what else is done, without blocking,
-                        # and refill, so a worker never sits idle while its results sit in the pipe
+                        # and refill, so a worker never sits idle while its results sit in the pipe.
+                        # (Grouped batches are refilled by the count handed out, which a poll does
+                        # not change: a system call a batch for nothing.)
                         self._absorb(self.ex.poll(0))
                     else:
                         # the batch handed out leaves room for the next task now, as torch's
