@@ -90,7 +90,7 @@ def make(name: str, dataset: Any, batch_size: int, collate_fn: Collate, epochs: 
     if name.startswith("conveyor"):
         return _conveyor(name, dataset, batch_size, collate_fn, shuffle, **opts)
     if name == "floor2":
-        floor = Floor(dataset, batch_size, _default(collate_fn), shuffle)
+        floor = Floor(dataset, batch_size, _default(collate_fn), shuffle, direct=collate_fn is None)
         return Handle(floor.epoch, floor.close, 2)
     raise ValueError(f"unknown loader {name!r}; known: {', '.join(LOADERS)}")
 
@@ -200,7 +200,9 @@ class Floor:
     collates, writes each large array leaf into its slot of a shared mapping (8 slots a
     worker, sized from the first batch) and sends the tree, small leaves inline, as one
     pickle through another pipe; the main process reads it and wraps the slot's bytes with
-    ``torch.frombuffer``. No seeding, stats, recovery, error capture, slot lifetime (a batch
+    ``torch.from_numpy``. With torch's default collate, a large stack is written straight into
+    the slot (as conveyor's collate and torch's own in a worker do); a custom collate's output
+    is copied there. No seeding, stats, recovery, error capture, slot lifetime (a batch
     held past 6 more is overwritten) or cleanup beyond the pipes. A loader with workers
     cannot do less work per batch here; what conveyor2 loses against it is its features'
     price, what floor2 loses against torch0 is the host's."""
@@ -209,13 +211,15 @@ class Floor:
     AHEAD = 2
     INLINE = 1 << 15
 
-    def __init__(self, dataset: Any, batch_size: int, collate: Callable[[list[Any]], Any], shuffle: bool) -> None:
+    def __init__(self, dataset: Any, batch_size: int, collate: Callable[[list[Any]], Any], shuffle: bool,
+                 direct: bool = False) -> None:
         import mmap
         import os
 
         import numpy as np
 
         self.dataset, self.batch_size, self.collate, self.shuffle = dataset, batch_size, collate, shuffle
+        self.direct = direct
         self.rng = np.random.default_rng(0)
         # slot size: twice the large leaves of a batch of the first samples (ragged batches vary)
         leaves: list[Any] = []
@@ -257,10 +261,22 @@ class Floor:
             while len(pending) >= 4 and len(pending) >= 4 + (n := int.from_bytes(pending[:4], "little")):
                 seq, indices = pickle.loads(pending[4:4 + n])
                 del pending[:4 + n]
-                batch = self.collate([self.dataset[i] for i in indices])
+                base, offset, recs = (seq // 2 % self.SLOTS) * self.slot, 0, []
+                samples = [self.dataset[i] for i in indices]
+                first = samples[0]
+                if self.direct and isinstance(first, torch.Tensor) and first.nbytes * len(samples) >= self.INLINE \
+                        and first.nbytes * len(samples) <= self.slot:
+                    # a stack of tensors: straight into the slot
+                    out = torch.from_numpy(np.ndarray((len(samples), *first.shape), first.numpy().dtype,
+                                                      buffer=buf, offset=base))
+                    torch.stack(samples, out=out)
+                    arr = out.numpy()
+                    msg = pickle.dumps((None, [(arr.dtype.str, arr.shape, base)]), protocol=pickle.HIGHEST_PROTOCOL)
+                    os.write(results, len(msg).to_bytes(4, "little") + msg)
+                    continue
+                batch = self.collate(samples)
                 leaves: list[Any] = []
                 tree = _flatten(batch, leaves)
-                base, offset, recs = (seq // 2 % self.SLOTS) * self.slot, 0, []
                 for x in leaves:
                     arr = x.numpy() if hasattr(x, "numpy") else x
                     if arr.nbytes >= self.INLINE and offset + arr.nbytes <= self.slot:
