@@ -127,3 +127,26 @@ def test_resume_inside_grouped_batches_gives_the_rest_of_the_epoch(grouped: list
         tail = list(loader)
     same_epochs([head + tail], [whole])
     assert grouped[1] > 0
+
+
+class _Niceness(tud.Dataset):
+    """Each sample is the niceness of the process that fetched it."""
+
+    def __len__(self) -> int:
+        return 12
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        return torch.tensor([os.getpriority(os.PRIO_PROCESS, 0)])
+
+
+@pytest.mark.timeout(60)
+def test_a_worker_lowers_its_priority_only_after_its_first_batch() -> None:
+    from conveyor.executors import worker
+
+    if not worker.WORKER_NICE:
+        pytest.skip("CONVEYOR_WORKER_NICE=0 here")
+    base = os.getpriority(os.PRIO_PROCESS, 0)
+    with conveyor.DataLoader(_Niceness(), batch_size=1, num_workers=1, prefetch_factor=1, **WORKERS) as loader:
+        seen = [int(b) for b in loader]
+    assert seen[0] == base, "the first batch, which the loop waits for, is made at the loop's priority"
+    assert seen[-1] == min(19, base + worker.WORKER_NICE), seen

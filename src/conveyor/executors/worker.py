@@ -15,6 +15,7 @@ process executor wraps it in :func:`serve`, which also owns the slot pool.
 
 from __future__ import annotations
 
+import _thread
 import contextlib
 import copy
 import dataclasses
@@ -991,13 +992,6 @@ def _serve(spec: WorkerSpec, worker_id: int, gen: int, tasks: Any, results: Any,
         from .inherit import reopen_private
 
         reopen_private(private_files)  # files the main process opened through the dataset
-    if WORKER_NICE:
-        try:
-            # loading fills the cores the training loop leaves idle; where both want the same
-            # core, the training step (the critical path) goes first
-            os.nice(WORKER_NICE)
-        except OSError:
-            pass
     steady_malloc()
     torch = torch_for(spec)
     if torch is not None:
@@ -1052,6 +1046,7 @@ def _serve(spec: WorkerSpec, worker_id: int, gen: int, tasks: Any, results: Any,
         inbox = Inbox(tasks)
         warned = False
         done = 0
+        rss_read: int | None = None  # the memory reading the next result carries
         grouped: set[int] = set()  # tasks whose results wait for the rest of their group
         held: list[tuple[Any, ...]] = []  # those results, in the order made
 
@@ -1143,8 +1138,8 @@ def _serve(spec: WorkerSpec, worker_id: int, gen: int, tasks: Any, results: Any,
                     warned = True
                     result.warning = pool.failed
             done += 1
-            if done % 16 == 1:
-                result.rss = rss()
+            if rss_read is not None:
+                result.rss, rss_read = rss_read, None
             msg: Any = result.fields()  # plain tuples only: cheap to pickle (see Result.fields)
             if task.seq in grouped:
                 grouped.discard(task.seq)
@@ -1158,6 +1153,21 @@ def _serve(spec: WorkerSpec, worker_id: int, gen: int, tasks: Any, results: Any,
                 msg, held = held, []
             if msg is not None:
                 send(results, msg, full=drain)
+            if done % 16 == 1:
+                # read after the send, for the next result: the kernel walks the page tables
+                # for it (a fork of a 225 MB training process: 4 ms of CPU, up to ~95 ms on a
+                # loaded host), and the first batch, which the loop waits for, waited as long
+                rss_read = rss()
+            if done == 1 and WORKER_NICE:
+                try:
+                    # loading fills the cores the training loop leaves idle; where both want the
+                    # same core, the training step (the critical path) goes first. Not before
+                    # the first batch is out: the loop has no step to run until it comes, and
+                    # a worker started at nice 5 among other jobs waited ~3x longer for a core
+                    # at each turn (first diabetes batch ~170 ms on a 2-core host at load 14)
+                    os.nice(WORKER_NICE)
+                except OSError:
+                    pass
             # take any orders that arrived meanwhile, without blocking
             if (drain.parked or bell is not None or readable()) and not take():
                 return
@@ -1361,7 +1371,9 @@ def _watchdog(parent: ParentWatch, cleanup: Callable[[], None]) -> None:
         finally:
             os._exit(1)
 
-    threading.Thread(target=run, name="conveyor-watchdog", daemon=True).start()
+    # a bare thread: threading's start() waits until the new thread runs, and a worker started
+    # among other jobs waited 6-21 ms for it before saying hello (0.4 ms of CPU)
+    _thread.start_new_thread(run, ())
 
 
 def stack_path(prefix: str, worker: int, gen: int) -> str:
