@@ -181,6 +181,10 @@ class DataLoader(Generic[T]):
       the first batch is not yet a rate); 1% unless given, so that a pipeline whose
       samples all fail still stops, with the first failure's traceback (an error in
       ``collate_fn`` is raised: it is no bad sample);
+    * ``prefetch_factor`` left unset: a process worker's tiny batches (under 32 KB, made in
+      well under a millisecond) travel in groups of up to 8, one order and one message back
+      a group (``executors/grouping.py``), and a worker holds 2 groups; a number counts
+      batches, as torch's does;
     * ``max_worker_restarts``: dead process workers are replaced, their batches re-issued;
     * ``restart_hung``: with ``timeout``, a process worker stuck on a batch longer than
       that is killed and replaced (counted against ``max_worker_restarts``) instead of
