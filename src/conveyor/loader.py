@@ -2655,7 +2655,8 @@ class _Run(Generic[T]):
         group = self.pool.grouping.size if ex.kind == "process" else 1
         if cap < 2 * group:
             group = 1  # (fetch threads or a prefetch of 1 since: a whole group would leave the worker idle)
-        if group > 1 and room < n * group and (self.inflight or len(self.reorder)):
+        fresh = not self.inflight and not len(self.reorder)  # the loop waits for the next batch
+        if group > 1 and room < n * group and not fresh:
             return  # grouped batches go out a whole group a worker at a time (executors/grouping.py)
         if self.rr < 0:  # the first dispatch of this epoch: batches made in the main process came first
             self.rr = (self.pool.seq - self.first_seq) % max(1, n)
@@ -2691,7 +2692,12 @@ class _Run(Generic[T]):
             orders.setdefault(w, []).append(task)
         for w, tasks in orders.items():
             if group > 1:
-                for k in range(0, len(tasks), group):
+                # with nothing in flight (an epoch's start) each worker's first batch goes alone:
+                # in a group it would wait for the rest of the group
+                first = 1 if fresh else 0
+                if first:
+                    ex.submit(w, tasks[:1])
+                for k in range(first, len(tasks), group):
                     ex.submit(w, tasks[k:k + group], grouped=True)  # one order, one message back
             else:
                 ex.submit(w, tasks)
