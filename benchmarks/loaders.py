@@ -17,6 +17,7 @@ Peers that stream one pipeline over all epochs (Grain, SPDL) are built for
 from __future__ import annotations
 
 import importlib
+import inspect
 import itertools
 import math
 from collections.abc import Callable, Iterable, Iterator
@@ -28,7 +29,7 @@ __all__ = ["LOADERS", "Handle", "available", "make", "workers_of"]
 Collate = Callable[[list[Any]], Any] | None
 
 LOADERS = ("torch0", "torch2", "torchdata2", "grain2", "spdl2",
-           "conveyor0", "conveyor2", "conveyor2t", "conveyor_auto")
+           "conveyor0", "conveyor2", "conveyor2t", "conveyor_auto", "floor2")
 
 PEER_MODULES = {"torchdata2": "torchdata.stateful_dataloader", "grain2": "grain", "spdl2": "spdl.pipeline"}
 
@@ -88,6 +89,9 @@ def make(name: str, dataset: Any, batch_size: int, collate_fn: Collate, epochs: 
         return _spdl(dataset, batch_size, collate_fn, 2, shuffle, epochs, **opts)
     if name.startswith("conveyor"):
         return _conveyor(name, dataset, batch_size, collate_fn, shuffle, **opts)
+    if name == "floor2":
+        floor = Floor(dataset, batch_size, _default(collate_fn), shuffle, direct=collate_fn is None)
+        return Handle(floor.epoch, floor.close, 2)
     raise ValueError(f"unknown loader {name!r}; known: {', '.join(LOADERS)}")
 
 
@@ -116,6 +120,10 @@ def _conveyor(name: str, dataset: Any, batch_size: int, collate_fn: Collate, shu
     workers: Any = "auto" if name == "conveyor_auto" else workers_of(name)
     if name.endswith("t"):
         opts.setdefault("worker_type", "thread")
+    if workers != "auto" and workers > 0 and "adaptive" in inspect.signature(conveyor.DataLoader).parameters:
+        # a fixed worker count means workers make every batch, whichever default the
+        # loader has: the rows then compare conveyor's workers with torch's
+        opts.setdefault("adaptive", False)
     loader = conveyor.DataLoader(dataset, batch_size=batch_size, shuffle=shuffle, collate_fn=collate_fn,
                                  num_workers=workers, persistent_workers=workers != 0, **opts)
     count = loader.num_workers if isinstance(getattr(loader, "num_workers", None), int) else None
@@ -183,3 +191,176 @@ def _spdl(dataset: Any, batch_size: int, collate_fn: Collate, concurrency: int, 
     pipeline.start()
     it = pipeline.get_iterator(timeout=600)
     return Handle(lambda: itertools.islice(it, per_epoch), pipeline.stop, concurrency)
+
+
+class Floor:
+    """The featureless floor ("floor2"): what 2 forked workers cost on this machine with
+    nothing but the trip itself. Two processes forked at construction (persistent); batch k's
+    indices go to worker k % 2 through a pipe, two batches ahead per worker; the worker fetches,
+    collates, writes each large array leaf into its slot of a shared mapping (8 slots a
+    worker, sized from the first batch) and sends the tree, small leaves inline, as one
+    pickle through another pipe; the main process reads it and wraps the slot's bytes with
+    ``torch.from_numpy``. With torch's default collate, a large stack is written straight into
+    the slot (as conveyor's collate and torch's own in a worker do); a custom collate's output
+    is copied there. No seeding, stats, recovery, error capture, slot lifetime (a batch
+    held past 6 more is overwritten) or cleanup beyond the pipes. A loader with workers
+    cannot do less work per batch here; what conveyor2 loses against it is its features'
+    price, what floor2 loses against torch0 is the host's."""
+
+    SLOTS = 8
+    AHEAD = 2
+    INLINE = 1 << 15
+
+    def __init__(self, dataset: Any, batch_size: int, collate: Callable[[list[Any]], Any], shuffle: bool,
+                 direct: bool = False) -> None:
+        import mmap
+        import os
+
+        import numpy as np
+
+        self.dataset, self.batch_size, self.collate, self.shuffle = dataset, batch_size, collate, shuffle
+        self.direct = direct
+        self.rng = np.random.default_rng(0)
+        # slot size: twice the large leaves of a batch of the first samples (ragged batches vary)
+        leaves: list[Any] = []
+        _flatten(collate([dataset[i] for i in range(min(batch_size, len(dataset)))]), leaves)
+        big = sum(_nbytes(x) + 64 for x in leaves if _nbytes(x) >= self.INLINE)
+        self.slot = max(1 << 16, 2 * big)
+        self.workers: list[tuple[int, int, int, Any, bytearray]] = []  # pid, order fd, result fd, map, buffer
+        for w in range(2):
+            buf = mmap.mmap(-1, self.SLOTS * self.slot)
+            orders_r, orders_w = os.pipe()
+            results_r, results_w = os.pipe()
+            pid = os.fork()
+            if pid == 0:  # pragma: no cover - the worker
+                for fd in (orders_w, results_r, *(fd for _, o, r, _, _ in self.workers for fd in (o, r))):
+                    os.close(fd)
+                self._serve(orders_r, results_w, buf)
+                os._exit(0)
+            os.close(orders_r)
+            os.close(results_w)
+            self.workers.append((pid, orders_w, results_r, buf, bytearray()))
+
+    def _serve(self, orders: int, results: int, buf: Any) -> None:  # pragma: no cover - the worker
+        import os
+        import pickle
+
+        import numpy as np
+
+        try:
+            import torch
+            torch.set_num_threads(1)
+        except ImportError:
+            pass
+        pending = bytearray()
+        while True:
+            data = os.read(orders, 1 << 16)
+            if not data:
+                return
+            pending += data
+            while len(pending) >= 4 and len(pending) >= 4 + (n := int.from_bytes(pending[:4], "little")):
+                seq, indices = pickle.loads(pending[4:4 + n])
+                del pending[:4 + n]
+                base, offset, recs = (seq // 2 % self.SLOTS) * self.slot, 0, []
+                samples = [self.dataset[i] for i in indices]
+                first = samples[0]
+                if self.direct and isinstance(first, torch.Tensor) and first.nbytes * len(samples) >= self.INLINE \
+                        and first.nbytes * len(samples) <= self.slot:
+                    # a stack of tensors: straight into the slot
+                    out = torch.from_numpy(np.ndarray((len(samples), *first.shape), first.numpy().dtype,
+                                                      buffer=buf, offset=base))
+                    torch.stack(samples, out=out)
+                    arr = out.numpy()
+                    msg = pickle.dumps((None, [(arr.dtype.str, arr.shape, base)]), protocol=pickle.HIGHEST_PROTOCOL)
+                    os.write(results, len(msg).to_bytes(4, "little") + msg)
+                    continue
+                batch = self.collate(samples)
+                leaves: list[Any] = []
+                tree = _flatten(batch, leaves)
+                for x in leaves:
+                    arr = x.numpy() if hasattr(x, "numpy") else x
+                    if arr.nbytes >= self.INLINE and offset + arr.nbytes <= self.slot:
+                        np.copyto(np.ndarray(arr.shape, arr.dtype, buffer=buf, offset=base + offset), arr)
+                        recs.append((arr.dtype.str, arr.shape, base + offset))
+                        offset = (offset + arr.nbytes + 63) & ~63
+                    else:
+                        recs.append((arr.dtype.str, arr.shape, arr.tobytes()))
+                msg = pickle.dumps((tree, recs), protocol=pickle.HIGHEST_PROTOCOL)
+                os.write(results, len(msg).to_bytes(4, "little") + msg)
+
+    def _send(self, seq: int, batches: list[Any]) -> None:
+        import os
+        import pickle
+
+        msg = pickle.dumps((seq, batches[seq]), protocol=pickle.HIGHEST_PROTOCOL)
+        os.write(self.workers[seq % 2][1], len(msg).to_bytes(4, "little") + msg)
+
+    def _recv(self, w: int) -> Any:
+        import os
+        import pickle
+
+        import numpy as np
+        import torch
+
+        _, _, fd, buf, pending = self.workers[w]
+        while len(pending) < 4 or len(pending) < 4 + int.from_bytes(pending[:4], "little"):
+            pending += os.read(fd, 1 << 20)
+        n = int.from_bytes(pending[:4], "little")
+        tree, recs = pickle.loads(pending[4:4 + n])
+        del pending[:4 + n]
+        leaves = []
+        for dtype, shape, where in recs:
+            if isinstance(where, bytes):
+                arr = np.frombuffer(where, dtype=dtype).reshape(shape)
+                leaves.append(torch.from_numpy(arr.copy()))
+            else:
+                arr = np.ndarray(shape, dtype=dtype, buffer=buf, offset=where)
+                leaves.append(torch.from_numpy(arr))
+        return _unflatten(tree, iter(leaves))
+
+    def epoch(self) -> Iterator[Any]:
+        n = len(self.dataset)
+        order = self.rng.permutation(n) if self.shuffle else range(n)
+        batches = [[int(i) for i in order[k:k + self.batch_size]] for k in range(0, n, self.batch_size)]
+        ahead = min(len(batches), 2 * self.AHEAD)
+        for seq in range(ahead):
+            self._send(seq, batches)
+        for seq in range(len(batches)):
+            batch = self._recv(seq % 2)
+            if seq + ahead < len(batches):
+                self._send(seq + ahead, batches)
+            yield batch
+
+    def close(self) -> None:
+        import os
+
+        for pid, orders, results, _, _ in self.workers:
+            os.close(orders)
+            os.waitpid(pid, 0)
+            os.close(results)
+        self.workers = []
+
+
+def _nbytes(x: Any) -> int:
+    return int(x.nbytes) if hasattr(x, "nbytes") else 0
+
+
+def _flatten(tree: Any, leaves: list[Any]) -> Any:
+    """``tree`` with each tensor or array leaf replaced by None (appended to ``leaves``; the
+    scenarios' batches hold no None of their own)."""
+    if isinstance(tree, (tuple, list)):
+        return type(tree)(_flatten(x, leaves) for x in tree)
+    if isinstance(tree, dict):
+        return {k: _flatten(v, leaves) for k, v in tree.items()}
+    if hasattr(tree, "numpy") or hasattr(tree, "__array_interface__"):
+        leaves.append(tree)
+        return None
+    return tree
+
+
+def _unflatten(tree: Any, leaves: Iterator[Any]) -> Any:
+    if isinstance(tree, (tuple, list)):
+        return type(tree)(_unflatten(x, leaves) for x in tree)
+    if isinstance(tree, dict):
+        return {k: _unflatten(v, leaves) for k, v in tree.items()}
+    return next(leaves) if tree is None else tree

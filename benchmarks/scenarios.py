@@ -33,7 +33,7 @@ from torch.utils.data import Dataset, TensorDataset, default_collate
 __all__ = ["SCENARIOS", "Scenario", "Setup", "Skip"]
 
 BASE_LOADERS = ("torch0", "torch2", "torchdata2", "grain2", "spdl2",
-                "conveyor0", "conveyor2", "conveyor2t", "conveyor_auto")
+                "conveyor0", "conveyor2", "conveyor2t", "conveyor_auto", "floor2")
 
 
 class Skip(Exception):
@@ -369,7 +369,9 @@ def build_remote_decode(family: str, quick: bool) -> Setup:
 
 SCENARIOS: dict[str, Scenario] = {s.name: s for s in [
     Scenario("diabetes", "759x8 float32 + label, tensor pair per index, batch 32, 10 epochs, loading only",
-             build_diabetes, targets=("conveyor2/torch2>=10", "conveyor2/torch0>=1"), min_repeats=31),
+             build_diabetes, targets=("conveyor2/torch2>=4", "conveyor2/torch0>=0.7"), min_repeats=31,
+             # an explicit prefetch_factor=2 holds the workers to 2 batches each: no groups
+             loaders=BASE_LOADERS + ("conveyor2_pf2",), variants={"conveyor2_pf2": ("conveyor2", {"prefetch_factor": 2})}),
     Scenario("diabetes_train", "diabetes + the seed's 8-6-4-1 MLP, BCELoss, SGD step per batch",
              build_diabetes_train, min_repeats=31),
     Scenario("diabetes_array", "diabetes data as conveyor.ArrayDataset (torch: TensorDataset); "
@@ -380,7 +382,7 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in [
     Scenario("images_uint8", "2048 random uint8 3x224x224 from one numpy array, batch 64, 4 epochs",
              build_images, targets=("conveyor2/torch2>=4", "conveyor2/torch0>=1"), min_repeats=7),
     Scenario("jpeg", "512 JPEGs 256..320 px, Pillow decode, random 224 crop + flip, batch 64, 4 epochs",
-             build_jpeg, targets=("conveyor2/torch2>=1.1",)),
+             build_jpeg, targets=("conveyor2/torch2>=1.15",)),
     Scenario("detection", "uint8 3x256x256 + 1..20 boxes, list collate, batch 16, 4 epochs",
              build_detection, targets=("conveyor2/torch2>=3",), min_repeats=11, steady_malloc=True),
     Scenario("overlap", "4 ms CPU collate in workers, 4 ms CPU train step in main, batch 8, 512 batches",

@@ -186,3 +186,38 @@ def test_the_jpeg_images_are_made_in_the_folder_given(tmp_path: Path, monkeypatc
     root = _bench_module("scenarios").jpeg_dir(2)
     assert root == tmp_path / "conveyor_bench_jpeg_2"
     assert sorted(p.name for p in root.iterdir()) == ["00000.jpg", "00001.jpg", "DONE"]
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("scenario", ["diabetes", "images_uint8", "detection"])
+def test_the_worker_path_floor_makes_every_batch_as_collate_does(scenario: str) -> None:
+    # loaders.floor2, the featureless 2-worker reference of the worker-path rows: every batch
+    # of an epoch, in order, equal to the collate of its indices (tuples of small tensors
+    # inline, a stack written into the shared mapping, a custom collate's ragged list), two
+    # epochs on the same workers, which close() ends
+    torch = pytest.importorskip("torch")
+    sys.path[:0] = [str(ROOT / "benchmarks")]
+    try:
+        import loaders
+        import scenarios
+    finally:
+        del sys.path[0]
+    setup = scenarios.SCENARIOS[scenario].build("torch", True)
+    collate = loaders._default(setup.collate_fn)
+    handle = loaders.make("floor2", setup.dataset, setup.batch_size, setup.collate_fn, 2, shuffle=False)
+    try:
+        for _ in range(2):
+            for k, batch in enumerate(handle.epoch()):
+                indices = range(k * setup.batch_size, min(len(setup.dataset), (k + 1) * setup.batch_size))
+                want = collate([setup.dataset[i] for i in indices])
+                got_leaves: list[Any] = []
+                want_leaves: list[Any] = []
+                loaders._flatten(batch, got_leaves)
+                loaders._flatten(want, want_leaves)
+                assert len(got_leaves) == len(want_leaves) > 0
+                assert all(torch.equal(a, b) for a, b in zip(got_leaves, want_leaves))
+            assert k + 1 == -(-len(setup.dataset) // setup.batch_size)
+        pids = [w[0] for w in handle.epoch.__self__.workers]
+    finally:
+        handle.close()
+    assert len(pids) == 2 and not any(os.path.exists(f"/proc/{pid}") for pid in pids)  # reaped

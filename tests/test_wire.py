@@ -173,6 +173,9 @@ def test_tree_map_keeps_every_container_kind() -> None:
     assert out["b"] == b"raw"
 
 
+_SHARED = torch.arange(4)
+
+
 @pytest.mark.parametrize("batch", [
     torch.arange(6.0).reshape(2, 3),  # the batch is one array
     [None, torch.ones(2), "s", None, np.arange(3), 7, (None, torch.zeros(0))],
@@ -183,7 +186,13 @@ def test_tree_map_keeps_every_container_kind() -> None:
     torch.tensor(100),
     np.array(0, dtype=np.uint8),
     np.array(300, dtype=">i4"),
-], ids=["one-array", "list", "dict", "none", "no-arrays", "one-0d-int", "one-0d-zero", "one-0d-big-endian"])
+    # flat lists and tuples of arrays (decode's shortcut), and the shapes that must not take it
+    [torch.ones(2), np.arange(3)],
+    (torch.ones(2, 2), torch.tensor([1])),
+    [[torch.ones(1)], torch.zeros(2)],
+    [_SHARED, _SHARED],
+], ids=["one-array", "list", "dict", "none", "no-arrays", "one-0d-int", "one-0d-zero", "one-0d-big-endian",
+        "flat-list", "flat-tuple", "nested-first", "same-twice"])
 def test_the_message_puts_each_array_back_where_it_was(batch: Any) -> None:
     """The message carries the tree with None where each array was: user Nones, scalars and
     strings around them stay as they were, through a pickle as the pipe carries it."""
@@ -208,6 +217,8 @@ def test_the_message_puts_each_array_back_where_it_was(batch: Any) -> None:
         else:
             assert type(h) is type(w) and h == w
     assert type(out) is type(batch)
+    if batch is not None and len(want) == 2 and want[0] is want[1]:
+        assert have[0] is have[1], "one object sent twice comes back as one object"
 
 
 class Odd(torch.utils.data.Dataset):  # type: ignore[type-arg]

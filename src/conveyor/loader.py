@@ -38,6 +38,7 @@ from .distributed import ShardedIterable, gives_rank_shares, group_world_size, r
 from .errors import Failure, SlowSettingWarning, TooManyFailures, capture, rebuild
 from .executors import inherit
 from .executors.base import hold_ctrl_c
+from .executors.grouping import Grouping
 from .executors.inline import InlineExecutor
 from .executors.processes import ProcessExecutor, finish_cut_short
 from .executors.recovery import Recovery
@@ -173,6 +174,10 @@ class DataLoader(Generic[T]):
       the first batch is not yet a rate); 1% unless given, so that a pipeline whose
       samples all fail still stops, with the first failure's traceback (an error in
       ``collate_fn`` is raised: it is no bad sample);
+    * ``prefetch_factor`` left unset: a process worker's tiny batches (under 32 KB, made in
+      well under a millisecond) travel in groups of up to 8, one order and one message back
+      a group (``executors/grouping.py``), and a worker holds 2 groups; a number counts
+      batches, as torch's does;
     * ``max_worker_restarts``: dead process workers are replaced, their batches re-issued;
     * ``restart_hung``: with ``timeout``, a process worker stuck on a batch longer than
       that is killed and replaced (counted against ``max_worker_restarts``) instead of
@@ -236,6 +241,9 @@ class DataLoader(Generic[T]):
         threads_asked = fetch_threads
         if type(num_workers) is not int and not isinstance(num_workers, str) and hasattr(num_workers, "__index__"):
             num_workers = operator.index(num_workers)  # numpy integers, 0-d tensors, bools: as torch takes them
+        # prefetch_factor=N counts batches, as torch's; left unset, tiny batches may travel in
+        # groups, and a worker then holds that many groups (executors/grouping.py)
+        groups_ok = prefetch_factor is None or prefetch_factor == "auto"
         if num_workers == "auto":
             # "auto" tunes everything the user left unset: threads for storage that waits,
             # and how far ahead each worker runs
@@ -318,6 +326,7 @@ class DataLoader(Generic[T]):
 
         self.num_workers = num_workers
         self.prefetch_factor = prefetch_factor
+        self._groups_ok = groups_ok
         self.pin_memory = pin_memory
         self.pin_memory_device = pin_memory_device
         self.timeout = timeout
@@ -1600,6 +1609,11 @@ class _Pool:
         self.asked_at = 0.0  # when fetch_here began
         self.on_early: Callable[[], None] | None = None  # the run's dispatch, for _start_early
         self.inline_batches = 0
+        # batches a process worker's task carries (executors/grouping.py): map-style only, where
+        # a worker's task is its batch's indices and nothing hangs on the stream it reads
+        self.grouping = Grouping()
+        if loader._iterable or self.threads != 1 or not loader._groups_ok:
+            self.grouping.decided = True
         self.launched = False  # workers were started at some point
         self.delivered = False  # a worker has handed back a batch
         self.rng_states: dict[int, rng.RngState] = {}  # worker -> RNG state after its probing batches
@@ -1727,7 +1741,7 @@ class _Pool:
         size = self.spec.batch_size or 1
         if self.threads > 1:
             return max(self.prefetch, -(-self.threads // size) + 2)
-        return self.prefetch
+        return self.prefetch * self.grouping.size  # (prefetch_factor tasks of grouped batches)
 
     def bulk_ok(self) -> bool:
         """May the main process gather many batches at once (in-memory arrays, main-process mode)?"""
@@ -2619,9 +2633,11 @@ class _Run(Generic[T]):
             r = self.reorder.pop()
             if r is not None:
                 if self.ex.kind != "inline":
-                    if self.inflight and not polled:
+                    if self.inflight and not polled and self.pool.grouping.size == 1:
                         # a batch was waiting here: collect what else is done, without blocking,
-                        # and refill, so a worker never sits idle while its results sit in the pipe
+                        # and refill, so a worker never sits idle while its results sit in the pipe.
+                        # (Grouped batches are refilled by the count handed out, which a poll does
+                        # not change: a system call a batch for nothing.)
                         self._poll(0)
                     else:
                         # the batch handed out leaves room for the next task now, as torch's
@@ -2694,6 +2710,8 @@ class _Run(Generic[T]):
             else:
                 self.inflight.pop(ev.seq, None)
                 pool = self.pool
+                if not pool.grouping.decided:
+                    pool.grouping.note(ev)
                 if not pool.delivered:
                     pool.delivered = True
                     pool.findings.start_s = time.perf_counter() - pool.launched_at
@@ -2918,6 +2936,12 @@ class _Run(Generic[T]):
         room = n * cap - len(self.inflight) - len(self.reorder)
         if room <= 0 and self.rr >= 0:
             return  # every worker holds its share (strict round robin keeps them even)
+        group = self.pool.grouping.size if ex.kind == "process" else 1
+        if cap < 2 * group:
+            group = 1  # (fetch threads or a prefetch of 1 since: a whole group would leave the worker idle)
+        fresh = not self.inflight and not len(self.reorder)  # the loop waits for the next batch
+        if group > 1 and room < n * group and not fresh:
+            return  # grouped batches go out a whole group a worker at a time (executors/grouping.py)
         if self.rr < 0:  # the first dispatch of this epoch: batches made in the main process came first
             self.rr = (self.pool.seq - self.first_seq) % max(1, n)
         while len(self.active) < n:
@@ -2951,7 +2975,16 @@ class _Run(Generic[T]):
             held[w] += 1
             orders.setdefault(w, []).append(task)
         for w, tasks in orders.items():
-            ex.submit(w, tasks)
+            if group > 1:
+                # with nothing in flight (an epoch's start) each worker's first batch goes alone:
+                # in a group it would wait for the rest of the group
+                first = 1 if fresh else 0
+                if first:
+                    ex.submit(w, tasks[:1])
+                for k in range(first, len(tasks), group):
+                    ex.submit(w, tasks[k:k + group], grouped=True)  # one order, one message back
+            else:
+                ex.submit(w, tasks)
         flush = getattr(ex, "flush_freed", None)
         if flush is not None:
             flush()

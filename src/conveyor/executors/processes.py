@@ -300,7 +300,9 @@ class ProcessExecutor:
         return wk
 
     # -- running ----------------------------------------------------------
-    def submit(self, worker: int, tasks: list[Task]) -> None:
+    def submit(self, worker: int, tasks: list[Task], grouped: bool = False) -> None:
+        """Send ``worker`` its next tasks in one order; ``grouped``: it sends their results
+        back in one message, once the last is made (executors/grouping.py)."""
         wk = self.workers[worker]
         assert wk is not None
         # tasks counted as held and never sent (a Ctrl-C between the two) would keep the worker
@@ -311,7 +313,8 @@ class ProcessExecutor:
             try:
                 # plain tuples, not an Order of Tasks: the worker unpickles one for every batch, a
                 # class lookup and a constructor call each cost it a few microseconds cold
-                send(wk.tasks, ([tuple(t) for t in tasks], freed), wk.bell)
+                order = ([tuple(t) for t in tasks], freed, True) if grouped else ([tuple(t) for t in tasks], freed)
+                send(wk.tasks, order, wk.bell)
             except (BrokenPipeError, OSError):
                 pass  # the worker died; poll() reports it and recovery re-issues the tasks
 
@@ -396,6 +399,11 @@ class ProcessExecutor:
                         result = _result(msg)
                         self._note(w, wk, result)
                         events.append(result)
+                    elif type(msg) is list:  # a group's results (executors/grouping.py)
+                        for fields in msg:
+                            result = _result(fields)
+                            self._note(w, wk, result)
+                            events.append(result)
                     elif isinstance(msg, Hello):
                         self._hello(wk, msg)
                 if wk.inbox.eof:
@@ -409,8 +417,8 @@ class ProcessExecutor:
             try:
                 while not wk.inbox.eof and wait([wk.results], 0):
                     for msg in wk.inbox.take():
-                        if type(msg) is tuple:
-                            result = _result(msg)
+                        for fields in msg if type(msg) is list else [msg] if type(msg) is tuple else []:
+                            result = _result(fields)
                             self._note(w, wk, result)
                             events.append(result)
             except OSError:

@@ -15,6 +15,7 @@ process executor wraps it in :func:`serve`, which also owns the slot pool.
 
 from __future__ import annotations
 
+import _thread
 import contextlib
 import copy
 import dataclasses
@@ -495,6 +496,9 @@ WORKER_NICE = int(os.environ.get("CONVEYOR_WORKER_NICE", "5"))
 # MB of freed heap a process worker keeps instead of handing it back to the kernel (0: glibc's
 # own heuristics). See ``steady_malloc``.
 WORKER_HEAP_KEEP_MB = int(os.environ.get("CONVEYOR_WORKER_HEAP_KEEP_MB", "64"))
+# a group's results (executors/grouping.py) go back at once when they have waited this long
+# for the rest of their group: a preempted worker must not hold a batch the loop waits for
+GROUP_HOLD_S = 2e-3
 # the main process's Recycler is left out after this many batches in a row that gave it no
 # leaf, and tried again on one batch in ALLOC_RECHECK (see ``Fetcher._collate``)
 ALLOC_IDLE = 16
@@ -989,13 +993,6 @@ def _serve(spec: WorkerSpec, worker_id: int, gen: int, tasks: Any, results: Any,
         from .inherit import reopen_private
 
         reopen_private(private_files)  # files the main process opened through the dataset
-    if WORKER_NICE:
-        try:
-            # loading fills the cores the training loop leaves idle; where both want the same
-            # core, the training step (the critical path) goes first
-            os.nice(WORKER_NICE)
-        except OSError:
-            pass
     steady_malloc()
     torch = torch_for(spec)
     if torch is not None:
@@ -1057,6 +1054,10 @@ def _serve(spec: WorkerSpec, worker_id: int, gen: int, tasks: Any, results: Any,
         inbox = Inbox(tasks)
         warned = False
         done = 0
+        rss_read: int | None = None  # the memory reading the next result carries
+        grouped: set[int] = set()  # tasks whose results wait for the rest of their group
+        held: list[tuple[Any, ...]] = []  # those results, in the order made
+        held_ctx: list[Any] = []  # each held result's (result, batch, task, slots), should its send fail
 
         drain = Drain(results, inbox, parent)
         os.set_blocking(results.fileno(), False)  # (see Drain)
@@ -1074,14 +1075,17 @@ def _serve(spec: WorkerSpec, worker_id: int, gen: int, tasks: Any, results: Any,
         def accept(order: Order | tuple[Any, ...]) -> bool:
             """Apply an order; False when it says stop."""
             if type(order) is tuple:
-                # the order of each batch, sent as plain tuples (processes.submit): (tasks, freed)
-                tasks, freed = order
+                # the order of each batch, sent as plain tuples (processes.submit): (tasks, freed),
+                # and True after them for a group whose results go back together
+                tasks, freed = order[0], order[1]
                 if pool is not None and freed:
                     pool.release(list(freed))
                 for t in tasks:
                     task = Task._make(t)
                     queue.append(task)
                     fetcher.schedule(task)
+                if len(order) > 2 and len(tasks) > 1:
+                    grouped.update(t[0] for t in tasks[:-1])  # held until the group's last is made
                 return True
             if order.stop:
                 return False
@@ -1146,21 +1150,41 @@ def _serve(spec: WorkerSpec, worker_id: int, gen: int, tasks: Any, results: Any,
                     warned = True
                     result.warning = pool.failed
             done += 1
+            if rss_read is not None:
+                result.rss, rss_read = rss_read, None
+            msg: Any = result.fields()  # plain tuples only: cheap to pickle (see Result.fields)
+            ctx = (result, batch, task, used)
+            ctxs = [ctx]
+            if task.seq in grouped:
+                grouped.discard(task.seq)
+                held.append(msg)
+                held_ctx.append(ctx)
+                msg = None
+                # (a group that runs long goes back as it is: its first batch waits for it)
+                if not queue or result.end - held[0][7] > GROUP_HOLD_S:
+                    msg, held, ctxs, held_ctx = held, [], held_ctx, []
+            elif held:
+                held.append(msg)
+                held_ctx.append(ctx)
+                msg, held, ctxs, held_ctx = held, [], held_ctx, []
+            if msg is not None:
+                _deliver(results, msg, ctxs, drain, pool, spec, worker_id)
+            batch = ctx = ctxs = None  # type: ignore[assignment]
             if done % 16 == 1:
-                result.rss = rss()
-            try:
-                send(results, result.fields(), full=drain)  # plain tuples only: cheap to pickle (see Result.fields)
-            except (OSError, EOFError):
-                raise
-            except Exception as exc:  # noqa: BLE001 - pickling the batch failed: nothing was written
-                # (a lock, a lambda, a generator in a sample): the loop hears why, at once. The
-                # worker died of it, and each replacement died again on the same batch
-                if used and pool is not None:
-                    pool.release(used)
-                name_unpicklable(exc, batch, task, spec)
-                send(results, Result(task.seq, worker_id, failure=capture(exc, worker_id, task.indices, "sending"),
-                                     retired=result.retired, warning=result.warning).fields(), full=drain)
-            batch = None
+                # read after the send, for the next result: the kernel walks the page tables
+                # for it (a fork of a 225 MB training process: 4 ms of CPU, up to ~95 ms on a
+                # loaded host), and the first batch, which the loop waits for, waited as long
+                rss_read = rss()
+            if done == 1 and WORKER_NICE:
+                try:
+                    # loading fills the cores the training loop leaves idle; where both want the
+                    # same core, the training step (the critical path) goes first. Not before
+                    # the first batch is out: the loop has no step to run until it comes, and
+                    # a worker started at nice 5 among other jobs waited ~3x longer for a core
+                    # at each turn (first diabetes batch ~170 ms on a 2-core host at load 14)
+                    os.nice(WORKER_NICE)
+                except OSError:
+                    pass
             # take any orders that arrived meanwhile, without blocking
             if (drain.parked or bell is not None or readable()) and not take():
                 return
@@ -1177,6 +1201,30 @@ def _serve(spec: WorkerSpec, worker_id: int, gen: int, tasks: Any, results: Any,
                 os.unlink(stack_at)  # also when the main process is gone and cannot sweep it
             except OSError:
                 pass
+
+
+def _deliver(results: Any, msg: Any, ctxs: list[Any], drain: Any, pool: Any, spec: WorkerSpec,
+             worker_id: int) -> None:
+    """Send one result, or a group of them (``msg`` a list, ``ctxs`` each one's (result, batch,
+    task, slots)). A batch that cannot be pickled (a lock, a lambda, a generator in a sample)
+    is sent as its failure, at once: the worker died of it, and each replacement died again
+    on the same batch. Pickling fails before anything is written; a group that fails is sent
+    one result at a time, so that only the batch that cannot be pickled fails."""
+    try:
+        send(results, msg, full=drain)
+    except (OSError, EOFError):
+        raise
+    except Exception as exc:  # noqa: BLE001 - pickling failed: nothing was written
+        if len(ctxs) > 1:
+            for one, ctx in zip(msg, ctxs):
+                _deliver(results, one, [ctx], drain, pool, spec, worker_id)
+            return
+        result, batch, task, used = ctxs[0]
+        if used and pool is not None:
+            pool.release(used)
+        name_unpicklable(exc, batch, task, spec)
+        send(results, Result(task.seq, worker_id, failure=capture(exc, worker_id, task.indices, "sending"),
+                             retired=result.retired, warning=result.warning).fields(), full=drain)
 
 
 def name_unpicklable(exc: BaseException, batch: Any, task: Task, spec: WorkerSpec) -> None:
@@ -1452,7 +1500,9 @@ def _watchdog(parent: ParentWatch, cleanup: Callable[[], None]) -> None:
         finally:
             os._exit(1)
 
-    threading.Thread(target=run, name="conveyor-watchdog", daemon=True).start()
+    # a bare thread: threading's start() waits until the new thread runs, and a worker started
+    # among other jobs waited 6-21 ms for it before saying hello (0.4 ms of CPU)
+    _thread.start_new_thread(run, ())
 
 
 def stack_path(prefix: str, worker: int, gen: int) -> str:

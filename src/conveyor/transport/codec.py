@@ -243,10 +243,19 @@ def decode(packed: Packed, views: Views, *, output: str) -> Any:
         return np.ndarray(shape, _np_dtype(dtype), buffer=buf, offset=offset)
 
     holes, records = packed.holes, packed.leaves
-    if packed.tree is None and holes == (0,):
+    tree = packed.tree
+    if tree is None and holes == (0,):
         return array(records[0])  # the batch is one array
     if not holes:
-        return packed.tree
+        return tree
+    cls = tree.__class__
+    if (cls is list or cls is tuple) and len(holes) == len(tree) and holes[-1] == len(tree) - 1:
+        # a plain list or tuple of arrays ((images, labels)): no walk of the tree. Its holes
+        # are 0..n-1 only if every item is a leaf (an item that is a container has as many
+        # positions as it has leaves), and those are arrays only if each is None here
+        if all(item is None for item in tree) and all(rec[3] != SAME for rec in records):
+            out = [array(rec) for rec in records]
+            return out if cls is list else tuple(out)
     pos, k = -1, 0
     made: list[Any] = []  # the leaves so far, by record
 
@@ -261,7 +270,7 @@ def decode(packed: Packed, views: Views, *, output: str) -> Any:
             return out
         return obj
 
-    return tree_map(leaf, packed.tree)
+    return tree_map(leaf, tree)
 
 
 def _reordered(buf: Any, dtype: str, shape: tuple[int, ...], offset: int, perm: tuple[int, ...], torch: Any) -> Any:
