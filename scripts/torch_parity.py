@@ -92,9 +92,9 @@ PLUGIN = textwrap.dedent('''\
 PRIVATE = re.compile(r"has no attribute '_\w+'|_MultiProcessingDataLoaderIter|_utils\.")
 
 
-def _env(mode: str, shim: Path, adaptive: bool, extra: list[str]) -> dict[str, str]:
+def _env(mode: str, shim: Path, adaptive: bool, extra: list[str], src: Path) -> dict[str, str]:
     env = dict(os.environ)
-    paths = [str(shim), str(REPO / "src"), *extra]
+    paths = [str(shim), str(src), *extra]
     if env.get("PYTHONPATH"):
         paths.append(env["PYTHONPATH"])
     env["PYTHONPATH"] = os.pathsep.join(paths)
@@ -106,7 +106,7 @@ def _env(mode: str, shim: Path, adaptive: bool, extra: list[str]) -> dict[str, s
 
 
 def run(mode: str, test_file: Path, out: Path, args: argparse.Namespace, shim: Path) -> None:
-    env = _env(mode, shim, args.adaptive, args.pythonpath)
+    env = _env(mode, shim, args.adaptive, args.pythonpath, args.src)
     if args.slow:
         env["PYTORCH_TEST_WITH_SLOW"] = "1"
     if args.join_timeout is not None:
@@ -208,6 +208,8 @@ def main() -> int:
     parser.add_argument("--slow", action="store_true", help="run torch's @slowTest tests too")
     parser.add_argument("--pythonpath", action="append", default=[],
                         help="folder added to PYTHONPATH (e.g. where expecttest is installed)")
+    parser.add_argument("--src", type=Path, default=REPO / "src",
+                        help="conveyor's source folder to test (default: this checkout's)")
     parser.add_argument("--report-only", action="store_true", help="compare the junit files already in --out")
     args = parser.parse_args()
     test_file = args.test_file.resolve()
