@@ -17,7 +17,8 @@ where the loader no longer takes ``adaptive``, nothing is passed).
 
     python scripts/torch_parity.py /path/to/test_dataloader.py --out /tmp/parity
     python scripts/torch_parity.py /path/to/test_dataloader.py -k TestDictDataLoader
-    python scripts/torch_parity.py /path/to/test_dataloader.py --report-only --out /tmp/parity
+    python scripts/torch_parity.py /path/to/test_dataloader.py --report-only --out /tmp/parity \
+        --merge /tmp/parity_rerun
 
 The test file imports ``torch.testing._internal.common_utils``, which needs the ``expecttest``
 package; ``--pythonpath`` adds a folder where it is installed. torch's ``@slowTest`` tests
@@ -158,9 +159,12 @@ def _reason(message: str, text: str) -> str:
     return line[:160]
 
 
-def report(out: Path) -> int:
+def report(out: Path, merge: list[Path]) -> int:
     torch_res = results(out / "torch.xml")
     conv_res = results(out / "conveyor.xml")
+    for later in merge:  # a rerun of some tests (another -k, longer timeouts) replaces their results
+        torch_res.update(results(later / "torch.xml"))
+        conv_res.update(results(later / "conveyor.xml"))
     if not torch_res or not conv_res:
         print(f"missing results in {out} (torch: {len(torch_res)}, conveyor: {len(conv_res)})")
         return 2
@@ -210,6 +214,8 @@ def main() -> int:
                         help="folder added to PYTHONPATH (e.g. where expecttest is installed)")
     parser.add_argument("--src", type=Path, default=REPO / "src",
                         help="conveyor's source folder to test (default: this checkout's)")
+    parser.add_argument("--merge", type=Path, action="append", default=[],
+                        help="with --report-only: another --out folder whose results replace these (repeatable)")
     parser.add_argument("--report-only", action="store_true", help="compare the junit files already in --out")
     args = parser.parse_args()
     test_file = args.test_file.resolve()
@@ -224,7 +230,7 @@ def main() -> int:
             for mode in ("torch", "conveyor"):
                 if args.only in (None, mode):
                     run(mode, test_file, out, args, Path(shim))
-    return report(out)
+    return report(out, args.merge)
 
 
 if __name__ == "__main__":
