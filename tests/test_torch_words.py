@@ -177,3 +177,13 @@ def test_manual_seed_before_each_epoch_repeats_a_datapipe_s_shuffle(workers: int
         if hasattr(loader, "close"):
             loader.close()
     assert orders[tud.DataLoader] == orders[conveyor.DataLoader]
+
+
+@pytest.mark.parametrize("cls", [conveyor.WorkerDied, conveyor.TooManyFailures, conveyor.WorkerError])
+def test_a_public_exception_is_rebuilt_from_its_message_alone(cls: type) -> None:
+    # torch's ExceptionWrapper re-raises as exc_type(message), and so do tools that add
+    # context to an error: the same type comes back, with its message (torch's own
+    # test_segfault reads a worker death this way)
+    rebuilt = cls("DataLoader worker (pid 1) is killed by signal: Segmentation fault.")
+    assert type(rebuilt) is cls
+    assert str(rebuilt).startswith("DataLoader worker (pid 1)")

@@ -109,9 +109,9 @@ SLOW_START_S = 0.1
 class TooManyFailures(RuntimeError):
     """More samples failed than ``max_failures`` allows under ``on_error="skip"``."""
 
-    def __init__(self, message: str, failures: list[Failure]) -> None:
-        super().__init__(message)
-        self.failures = failures
+    def __init__(self, message: str, failures: list[Failure] | None = None) -> None:
+        super().__init__(message)  # (failures optional, as WorkerDied's deaths: type(e)(message) works)
+        self.failures = [] if failures is None else failures
 
     def __reduce__(self) -> Any:  # (Exception's pickles args alone, and failures is required)
         return type(self), (str(self), self.failures), self.__dict__

@@ -21,9 +21,11 @@ __all__ = ["Recovery", "WorkerDied"]
 class WorkerDied(RuntimeError):
     """Worker processes died and could not (or may no longer) be replaced."""
 
-    def __init__(self, message: str, deaths: list[Death]) -> None:
+    def __init__(self, message: str, deaths: list[Death] | None = None) -> None:
+        # ``deaths`` may be left out: code that re-raises an exception as ``type(e)(message)``
+        # (torch's ExceptionWrapper does, and so do tools adding context) gets this type back
         super().__init__(message)
-        self.deaths = deaths
+        self.deaths = [] if deaths is None else deaths
 
     def __reduce__(self) -> Any:  # (Exception's pickles args alone, and deaths is required)
         return type(self), (str(self), self.deaths), self.__dict__
