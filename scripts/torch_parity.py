@@ -90,7 +90,8 @@ PLUGIN = textwrap.dedent('''\
 
 # Failures that read a private attribute of torch's loader or iterator (torch's internals,
 # not its behaviour): listed apart, out of the parity count's scope.
-PRIVATE = re.compile(r"has no attribute '_\w+'|_MultiProcessingDataLoaderIter|_utils\.")
+# "process object is closed": a process of ``iterator._workers`` read after its iterator ended.
+PRIVATE = re.compile(r"has no attribute '_\w+'|_MultiProcessingDataLoaderIter|_utils\.|process object is closed")
 
 
 def _env(mode: str, shim: Path, adaptive: bool, extra: list[str], src: Path) -> dict[str, str]:
