@@ -888,6 +888,27 @@ def test_a_datapipe_is_sharded_and_shuffled_as_torchs_loader_does(workers: int, 
     assert [b.tolist() for b in mine] == [b.tolist() for b in theirs]  # shuffle=False: in order
 
 
+@pytest.mark.filterwarnings("ignore::UserWarning")
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("workers, persistent", [(0, False), (2, False), (2, True)])
+def test_a_datapipe_s_unseeded_epochs_and_the_rng_after_them_are_torchs(workers: int, persistent: bool) -> None:
+    # one torch.manual_seed, then epochs with no seed of their own: each epoch's shuffle and
+    # what the global RNG gives afterwards are torch's, as torch's loader draws its DataPipe
+    # seeds (one more where an iterator starts its workers)
+    datapipes = pytest.importorskip("torch.utils.data.datapipes.iter")
+
+    def run(module: Any) -> tuple[list[list[int]], float]:
+        torch.manual_seed(7)
+        pipe = datapipes.IterableWrapper(range(20)).shuffle().sharding_filter()
+        loader = module.DataLoader(pipe, batch_size=None, num_workers=workers, persistent_workers=persistent)
+        epochs = [[int(v) for v in loader] for _ in range(3)]
+        return epochs, torch.rand(1).item()
+
+    mine, theirs = run(conveyor), run(tud)
+    assert all(sorted(e) == list(range(20)) for e in mine[0])
+    assert mine == theirs
+
+
 def test_a_datapipe_refuses_thread_workers_it_cannot_shard() -> None:
     datapipes = pytest.importorskip("torch.utils.data.datapipes.iter")
     with pytest.raises(ValueError, match="DataPipe"):

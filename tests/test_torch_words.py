@@ -149,7 +149,7 @@ def test_the_errors_a_loader_raises_pickle() -> None:
 
 
 def test_too_many_workers_warning_says_torch_s_phrase() -> None:
-    with pytest.warns(UserWarning, match="excessive worker creation"):
+    with pytest.warns(UserWarning, match="excessive worker creation might get DataLoader running slow or even freeze"):
         conveyor.DataLoader(list(range(4)), num_workers=(os.cpu_count() or 1) + 64)
 
 
@@ -177,3 +177,13 @@ def test_manual_seed_before_each_epoch_repeats_a_datapipe_s_shuffle(workers: int
         if hasattr(loader, "close"):
             loader.close()
     assert orders[tud.DataLoader] == orders[conveyor.DataLoader]
+
+
+@pytest.mark.parametrize("cls", [conveyor.WorkerDied, conveyor.TooManyFailures, conveyor.WorkerError])
+def test_a_public_exception_is_rebuilt_from_its_message_alone(cls: type) -> None:
+    # torch's ExceptionWrapper re-raises as exc_type(message), and so do tools that add
+    # context to an error: the same type comes back, with its message (torch's own
+    # test_segfault reads a worker death this way)
+    rebuilt = cls("DataLoader worker (pid 1) is killed by signal: Segmentation fault.")
+    assert type(rebuilt) is cls
+    assert str(rebuilt).startswith("DataLoader worker (pid 1)")

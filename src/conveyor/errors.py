@@ -43,9 +43,11 @@ class WorkerError(RuntimeError):
 class WorkerDied(RuntimeError):
     """Worker processes died and could not (or may no longer) be replaced."""
 
-    def __init__(self, message: str, deaths: list[Death]) -> None:
+    def __init__(self, message: str, deaths: list[Death] | None = None) -> None:
+        # ``deaths`` may be left out: code that re-raises an exception as ``type(e)(message)``
+        # (torch's ExceptionWrapper does, and so do tools adding context) gets this type back
         super().__init__(message)
-        self.deaths = deaths
+        self.deaths = [] if deaths is None else deaths
 
     def __reduce__(self) -> Any:  # (Exception's pickles args alone, and deaths is required)
         return type(self), (str(self), self.deaths), self.__dict__
@@ -58,9 +60,9 @@ class StartupError(RuntimeError):
 class TooManyFailures(RuntimeError):
     """More samples failed than ``max_failures`` allows under ``on_error="skip"``."""
 
-    def __init__(self, message: str, failures: list[Failure]) -> None:
-        super().__init__(message)
-        self.failures = failures
+    def __init__(self, message: str, failures: list[Failure] | None = None) -> None:
+        super().__init__(message)  # (failures optional, as WorkerDied's deaths: type(e)(message) works)
+        self.failures = [] if failures is None else failures
 
     def __reduce__(self) -> Any:  # (Exception's pickles args alone, and failures is required)
         return type(self), (str(self), self.failures), self.__dict__

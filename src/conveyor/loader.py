@@ -471,8 +471,10 @@ class DataLoader(Generic[T]):
         if self.num_workers > cpus and self.worker_type == "process":
             warnings.warn(
                 f"This DataLoader will create {self.num_workers} worker processes in total. This "
-                f"process may use at most {cpus} CPUs: excessive worker creation can make loading slow "
-                "or even freeze it; lower num_workers (or try num_workers='auto').", stacklevel=3)
+                # (the words after the colon are torch's warning's: users' filters and torch's own
+                # tests match on them)
+                f"process may use at most {cpus} CPUs: excessive worker creation might get DataLoader "
+                "running slow or even freeze; lower num_workers (or try num_workers='auto').", stacklevel=3)
 
     # torch's private names that tools read (Lightning resets ``_iterator`` when a loop ends,
     # torchdata's helpers read ``_dataset_kind``)
@@ -656,6 +658,11 @@ class DataLoader(Generic[T]):
             self.sampler.set_epoch(epoch)
         for old in list(self._runs):
             old._run_out_sampler()
+        # torch's iterator that starts workers draws a DataPipe seed once more once they are
+        # started (its own copy's, unused by them): drawn here too, so the generator (or the
+        # global RNG) goes on as torch's does and the next epoch's order is torch's too
+        redraw = pipe_seed is not None and self.num_workers > 0 and not (
+            persistent and self._persistent is not None and not self._persistent.dead)
         if persistent:
             if self._persistent is None or self._persistent.dead:
                 self._persistent = _Pool(self, base_seed if base_seed is not None
@@ -667,6 +674,10 @@ class DataLoader(Generic[T]):
         else:
             seed = base_seed if base_seed is not None else self._draw_base_seed(epoch)
             pool = self._inline_pool(seed)
+        if redraw:
+            torch = _torch.get()
+            assert torch is not None
+            torch.empty((), dtype=torch.int64).random_(generator=self.generator)
         run = _Run(self, pool, epoch, skip, owns_pool=not persistent and pool is not self._inline, done=done,
                    replicas=replicas, replayed=replayed)
         run.undo = undo
