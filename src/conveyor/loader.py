@@ -1337,15 +1337,29 @@ class _ReadAhead:
     trainer counting ``len(loader)`` batches, a break in its last few) never ran the sampler
     out: torch's RandomSampler draws one more permutation from the generator then, and every
     later epoch's order differed from torch's. While the pool's workers make the batches
-    they read ahead themselves (``_Run._fill``), and this only hands on what it holds."""
+    they read ahead as they are sent batches (``_Run._fill``), and ``top_up`` reads the rest
+    of torch's count when a batch is handed out: a worker still holding its share (its results
+    not yet read from the pipe) is sent nothing then, and how far the sampler had been read
+    when an epoch was left depended on the workers' timing."""
 
-    __slots__ = ("buf", "src", "pool", "done")
+    __slots__ = ("buf", "src", "pool", "done", "drawn")
 
     def __init__(self, head: list[Any], src: Iterator[Any], pool: _Pool) -> None:
         self.buf = collections.deque(head)
         self.src = src
         self.pool = pool
         self.done = False
+        self.drawn = len(head)  # batches read from the sampler so far
+
+    def top_up(self, count: int) -> None:
+        """Read the sampler until ``count`` batches have been read (or it ends)."""
+        while self.drawn < count and not self.done:
+            try:
+                self.buf.append(next(self.src))
+            except StopIteration:
+                self.done = True
+                return
+            self.drawn += 1
 
     def __iter__(self) -> _ReadAhead:
         return self
@@ -1355,6 +1369,7 @@ class _ReadAhead:
         if not self.done and self.pool.mode != "workers":  # made here ("inline", "probe")
             try:
                 buf.append(next(self.src))  # the one torch's loader takes as it hands a batch out
+                self.drawn += 1
             except StopIteration:
                 self.done = True
         if buf:
@@ -1362,10 +1377,12 @@ class _ReadAhead:
         if self.done:
             raise StopIteration
         try:
-            return next(self.src)  # (workers: straight from the sampler)
+            item = next(self.src)  # (workers: straight from the sampler)
         except StopIteration:
             self.done = True  # not asked again: a sampler's iterator need not stay ended
             raise
+        self.drawn += 1
+        return item
 
 
 class _Slices:
@@ -1528,6 +1545,19 @@ def _is_stateless(sampler: Any) -> bool:
     return type(inner).__name__ == "SequentialSampler"
 
 
+def _reads_ahead_freely(loader: DataLoader[Any]) -> bool:
+    """May the sampler be read further ahead than torch's loader reads it (grouped tasks)?
+
+    Only where its draws do not depend on how far it was read: a sequential order, or the
+    loader's own sampler under ``seed=`` (a function of seed and epoch). A shuffle drawn from
+    a generator or torch's global RNG draws its next permutation when it runs out, so an epoch
+    left a few batches before its end would move later epochs' orders away from torch's
+    (docs/determinism.md)."""
+    if loader._own_sampler and loader.seed is not None:
+        return True
+    return _is_stateless(loader._index_sampler)
+
+
 class _Pool:
     """The workers of a loader (started lazily), the main process's own fetcher, and the seed.
 
@@ -1623,7 +1653,7 @@ class _Pool:
         # batches a process worker's task carries (executors/grouping.py): map-style only, where
         # a worker's task is its batch's indices and nothing hangs on the stream it reads
         self.grouping = Grouping()
-        if loader._iterable or self.threads != 1 or not loader._groups_ok:
+        if loader._iterable or self.threads != 1 or not loader._groups_ok or not _reads_ahead_freely(loader):
             self.grouping.decided = True
         self.launched = False  # workers were started at some point
         self.delivered = False  # a worker has handed back a batch
@@ -2313,6 +2343,7 @@ class _Run(Generic[T]):
         primed = 0
         if not iterable and loader.num_workers > 0:
             primed = loader.num_workers * (loader.prefetch_factor or 2)
+        self.primed = primed
         if self.slices is not None:
             self.batches: Iterator[Any] = self.slices
             self.slices.begin(primed > 0)
@@ -2582,6 +2613,10 @@ class _Run(Generic[T]):
         else:
             self._handed(self.out_seq)
         self.yielded += 1
+        ahead = self.batches
+        if type(ahead) is _ReadAhead and self.pool.mode == "workers":
+            # torch's loader reads one more batch of indices for each it hands out
+            ahead.top_up(self.primed + self.yielded - self.skipped)
         if self.len_said is not None and self.yielded > self.len_said:
             self._warn_len()
         self.stats.handed(asked, time.perf_counter(), size, len(self.reorder))
