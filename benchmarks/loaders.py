@@ -61,7 +61,9 @@ def preload(name: str) -> None:
     """Import what loader ``name`` needs, so that no import is timed (torch's never is: the
     parent imported it before forking the child)."""
     if name.startswith("conveyor"):
-        importlib.import_module("conveyor")
+        # conveyor.DataLoader is made (loader.py and the executors imported) at its first use,
+        # not by ``import conveyor``: unloaded, each forked run imported them inside its clock
+        _ = importlib.import_module("conveyor").DataLoader
     elif name == "torchdata2":
         importlib.import_module("torchdata.stateful_dataloader")
     elif name in PEER_MODULES:
