@@ -127,6 +127,18 @@ def sweep(prefix: str) -> int:
     return n
 
 
+def _reserve(fd: int, size: int) -> None:
+    """Size a new segment's file to ``size``, reserving its pages where the file system can:
+    out of memory (a full /dev/shm) fails here with ENOSPC instead of a SIGBUS at the first
+    touch later. Where it cannot (EOPNOTSUPP, EINVAL), the file is only sized."""
+    try:
+        os.posix_fallocate(fd, 0, size)
+    except (AttributeError, OSError) as exc:
+        if isinstance(exc, OSError) and exc.errno not in (None, 95, 22):
+            raise
+        os.ftruncate(fd, size)
+
+
 class Segment:
     """One mapped shared-memory segment.
 
@@ -162,12 +174,7 @@ class Segment:
             fd = _posixshmem.shm_open("/" + name, os.O_CREAT | os.O_EXCL | os.O_RDWR, mode=0o600)
             _posixshmem.shm_unlink("/" + name)
         try:
-            try:
-                os.posix_fallocate(fd, 0, size)  # no memory: ENOSPC here, not a SIGBUS on a copy later
-            except (AttributeError, OSError) as exc:
-                if isinstance(exc, OSError) and exc.errno not in (None, 95, 22):  # EOPNOTSUPP, EINVAL
-                    raise
-                os.ftruncate(fd, size)
+            _reserve(fd, size)
             mm = mmap.mmap(fd, size)
         except BaseException:
             os.close(fd)
@@ -188,14 +195,7 @@ class Segment:
         size = max(PAGE, -(-size // PAGE) * PAGE)
         fd = _posixshmem.shm_open("/" + name, os.O_CREAT | os.O_EXCL | os.O_RDWR, mode=0o600)
         try:
-            try:
-                # posix_fallocate reserves the pages now, so a full /dev/shm fails
-                # here with ENOSPC instead of a SIGBUS on first touch later.
-                os.posix_fallocate(fd, 0, size)
-            except (AttributeError, OSError) as exc:
-                if isinstance(exc, OSError) and exc.errno not in (None, 95, 22):  # EOPNOTSUPP, EINVAL
-                    raise
-                os.ftruncate(fd, size)
+            _reserve(fd, size)
             mm = mmap.mmap(fd, size)
         except BaseException:
             os.close(fd)
