@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 import os
+import textwrap
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -603,7 +604,9 @@ def plot_timeline(stats: Stats | Any, path: str | os.PathLike[str], *, setting: 
         axes[0][-1].legend(unique.values(), unique.keys(), loc="upper left", bbox_to_anchor=(1.0, 1.0),
                            fontsize="small")
     what = f"conveyor, {setting}" if setting else "conveyor"
-    fig.suptitle(f"{what}: fetches (blue), training steps (green), waiting for data (red)")
+    # the setting alone (the legend names the colours), wrapped to the figure: one window's
+    # 7 inches cut a longer title at both ends
+    fig.suptitle(textwrap.fill(what, width=60 * len(windows)), fontsize="medium")
     fig.tight_layout()
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
