@@ -445,7 +445,7 @@ def test_the_next_epoch_starts_from_the_workers_chosen_before() -> None:
         tuner = loader._tuner
         it = iter(loader)
         pool = it.pool  # type: ignore[attr-defined]
-        start = (pool.num_workers, pool.threads, pool.prefetch, pool.mode)
+        start = (pool.num_workers, pool.threads, pool.prefetch, pool.mode.value)
         second = np.concatenate([b[:, 0] for b in it])
         stats = loader.stats()
     assert np.array_equal(first, np.arange(16 * 24)) and np.array_equal(second, np.arange(16 * 24))
@@ -464,7 +464,7 @@ def test_the_next_epoch_starts_from_the_threads_that_ran_not_the_wish() -> None:
         loader._tuner = tuner
         it = iter(loader)
         pool = it.pool  # type: ignore[attr-defined]
-        start = (pool.num_workers, pool.threads, pool.mode)
+        start = (pool.num_workers, pool.threads, pool.mode.value)
         del it
     assert start == (1, 16, "workers")
 
@@ -495,7 +495,7 @@ def test_the_next_epoch_starts_from_the_workers_that_ran_not_the_wish() -> None:
         loader._tuner = tuner
         it = iter(loader)
         pool = it.pool  # type: ignore[attr-defined]
-        start = (pool.num_workers, pool.mode)
+        start = (pool.num_workers, pool.mode.value)
         batches = len(list(it))
         chosen = loader.tuning()
     assert start == (2, "workers") and batches == 24
@@ -854,7 +854,7 @@ def test_main_process_batches_keep_a_bounded_record_of_their_rates(monkeypatch: 
     monkeypatch.setattr(conveyor.loader, "FIRST_SLOW_S", 0.5)
     with DataLoader(np.arange(600, dtype=np.float32), batch_size=None, num_workers=num_workers, adaptive=True) as loader:
         assert sum(1 for _ in loader) == 600
-        assert loader._last_pool is not None and loader._last_pool.mode == "inline"
+        assert loader._last_pool is not None and loader._last_pool.mode.value == "inline"
         assert len(loader._last_pool.inline_rates) <= 16
 
 
@@ -892,7 +892,7 @@ def test_fixed_workers_with_auto_threads_keep_cheap_batches_here_and_tune_to_val
         later = loader.tuning()
         pool = loader._last_pool
         del it
-    assert pool is not None and not pool.launched and pool.mode == "inline"
+    assert pool is not None and not pool.launched and pool.mode.value == "inline"
     for said in (early, later):
         assert said is not None and said["num_workers"] == 2, said
         pinned = {k: said[k] for k in ("num_workers", "fetch_threads", "prefetch_factor")}
@@ -907,7 +907,7 @@ def test_fixed_workers_with_auto_threads_start_wide_for_batches_that_wait() -> N
         it = iter(loader)
         first = np.concatenate([next(it) for _ in range(2)])
         pool = loader._last_pool
-        assert pool is not None and pool.launched and pool.mode == "workers"
+        assert pool is not None and pool.launched and pool.mode.value == "workers"
         started = (pool.num_workers, pool.threads)
         rest = np.concatenate(list(it))
         del it
@@ -961,7 +961,7 @@ def test_files_opened_after_threads_rose_bring_them_back_to_one(tmp_path: Any) -
         for _ in range(4):
             next(it)
         pool = loader._last_pool
-        assert pool is not None and pool.launched and pool.threads > 1, (pool.threads, pool.mode)
+        assert pool is not None and pool.launched and pool.threads > 1, (pool.threads, pool.mode.value)
         handle = open(tmp_path / "late.bin", "wb")  # noqa: SIM115 - a file the "dataset" opened late
         try:
             got = np.concatenate([np.concatenate(list(it))])

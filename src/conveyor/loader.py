@@ -17,6 +17,7 @@ import array
 import base64
 import collections
 import dataclasses
+import enum
 import hashlib
 import itertools
 import math
@@ -693,7 +694,7 @@ class DataLoader(Generic[T]):
         self._last_pool = pool  # closed with its run; kept for stats()
         if self._device_stage is not None:
             run.pin = None  # the device thread pins (and copies) each batch
-            if pool.mode == "workers" and pool.num_workers and not pool.started and not pool.dead:
+            if pool.mode == Mode.WORKERS and pool.num_workers and not pool.started and not pool.dead:
                 # workers known to be needed fork here, in the caller's thread, as torch's do
                 # in iter(), not from the device thread while the caller's thread runs on
                 pool.executor  # noqa: B018 - starts them
@@ -841,12 +842,12 @@ class DataLoader(Generic[T]):
         if pool is not None:
             # workers that started count, also while the pool still probes (a short epoch of
             # thread workers read as num_workers=0, and report() advised what was set already)
-            snap["num_workers"] = pool.num_workers if pool.mode == "workers" or pool.launched else 0
+            snap["num_workers"] = pool.num_workers if pool.mode == Mode.WORKERS or pool.launched else 0
             snap["fetch_threads"] = pool.threads
             snap["prefetch_factor"] = pool.prefetch if pool.num_workers else None
             snap["keeps_files"] = pool._keeps_files
             cost = pool.findings.batch_s
-            if not pool.launched and pool.mode == "inline" and pool._start_outweighs(cost):
+            if not pool.launched and pool.mode == Mode.INLINE and pool._start_outweighs(cost):
                 assert cost is not None
                 snap["workers_not_started"] = _start_words(pool.findings, cost, pool.epoch_batches or 0)
             if pool.tuner is not None:
@@ -872,7 +873,7 @@ class DataLoader(Generic[T]):
                 if not tuning["num_workers"]:
                     tuning["prefetch_factor"] = None  # (what the constructor takes without workers)
                 running = snap["num_workers"]
-                if (pool.launched and pool.mode == "workers" and (self._auto or {}).get("num_workers")
+                if (pool.launched and pool.mode == Mode.WORKERS and (self._auto or {}).get("num_workers")
                         and tuning["num_workers"] < running):
                     # workers are not stopped mid-run: those that run are what to pin (the
                     # tuner's smaller count, pinned, ran 1.81 s where what ran took 1.28 s)
@@ -1366,7 +1367,7 @@ class _ReadAhead:
 
     def __next__(self) -> Any:
         buf = self.buf
-        if not self.done and self.pool.mode != "workers":  # made here ("inline", "probe")
+        if not self.done and self.pool.mode != Mode.WORKERS:  # made here (INLINE, PROBE)
             try:
                 buf.append(next(self.src))  # the one torch's loader takes as it hands a batch out
                 self.drawn += 1
@@ -1558,6 +1559,14 @@ def _reads_ahead_freely(loader: DataLoader[Any]) -> bool:
     return _is_stateless(loader._index_sampler)
 
 
+class Mode(enum.Enum):
+    """Where a pool makes its batches."""
+
+    PROBE = "probe"  # the main process makes them and times them, to choose ("auto", ``adaptive``)
+    INLINE = "inline"  # the main process makes them
+    WORKERS = "workers"  # the workers make them (after a head start, where one is allowed)
+
+
 class _Pool:
     """The workers of a loader (started lazily), the main process's own fetcher, and the seed.
 
@@ -1605,7 +1614,7 @@ class _Pool:
         auto_workers = self.auto is not None and self.auto["num_workers"] and not self.timed
         self.adaptive = auto_workers or (loader.adaptive and self.num_workers > 0 and not loader._iterable
                                          and loader.worker_init_fn is None and not self.timed)
-        self.mode = "probe" if self.adaptive else "workers"
+        self.mode = Mode.PROBE if self.adaptive else Mode.WORKERS
         # "auto" where the training processes leave no core for a worker that computes: only
         # batches that wait (on storage) get workers
         self.no_core_left = bool(auto_workers) and _no_core_left()
@@ -1625,18 +1634,18 @@ class _Pool:
             # an earlier epoch's probe found these batches worth the workers: each epoch of
             # workers that do not persist probed anew, serially, before forking (3 MB samples
             # in batches of 16, 2 workers: 1.14-1.20x torch's time; 0.79 without the probe)
-            self.mode = "workers"
+            self.mode = Mode.WORKERS
             if not self.findings.draws_rngs and self._start_outweighs(self.findings.batch_s):
-                self.mode = "inline"  # ... unless starting them costs more than they can save
+                self.mode = Mode.INLINE  # ... unless starting them costs more than they can save
         # ... and with a worker per core, the main process makes no batch while they start:
         # it would only take a core from them (3 MB samples, 2 workers on 2 cores: 1.03x
         # torch's time with that batch, 0.92-0.98 without)
-        self.no_head_start = (self.mode == "workers" and self.adaptive and self.num_workers >= _cores()
+        self.no_head_start = (self.mode == Mode.WORKERS and self.adaptive and self.num_workers >= _cores()
                               and not self.findings.slow_start())
         # ... nor where an earlier epoch's probe found the batches draw from the global RNGs:
         # made here, the head start drew from the caller's RNGs, not the worker's seeded ones
         # (torch's augmentations differed from epoch 2 on, and the training loop's next draw)
-        self.no_head_start = self.no_head_start or (self.mode == "workers" and self.findings.draws_rngs)
+        self.no_head_start = self.no_head_start or (self.mode == Mode.WORKERS and self.findings.draws_rngs)
         # "auto" chooses the worker count itself, so there is no worker whose stream a probing
         # batch must match: it is made as num_workers=0 makes a batch, with the RNGs as they are
         self.probe_as_worker = not auto_workers
@@ -1666,8 +1675,8 @@ class _Pool:
         # ArrayDataset.gather draws no randomness: many batches can be gathered at once, and
         # an in-memory gather is never faster in a worker (which would copy it once more)
         self.bulk = self.spec.gather and isinstance(loader.dataset, ArrayDataset) and loader.on_error == "raise"
-        if self.bulk and self.mode == "probe":
-            self.mode = "inline"
+        if self.bulk and self.mode == Mode.PROBE:
+            self.mode = Mode.INLINE
         if self.bulk and self.tuner is not None and self.auto is not None and self.auto["num_workers"]:
             self.tuner.pin({"num_workers": 0, "fetch_threads": 1, "prefetch_factor": None,
                             "reason": "in-memory arrays: one gather in the main process beats any worker"})
@@ -1679,7 +1688,7 @@ class _Pool:
             inline.fetcher.alloc = self.recycler
             self._holder.append(inline)
             if not loader._iterable:
-                self.mode = "inline"  # no workers: every batch is made here
+                self.mode = Mode.INLINE  # no workers: every batch is made here
         # plain batches (no per-sample seeding, no skipping) need no task envelope in the main process
         self.quick = (self.spec.auto_collation and not self.spec.iterable and self.spec.seed is None
                       and self.spec.on_error == "raise")
@@ -1693,7 +1702,7 @@ class _Pool:
         epoch must renew, so later epochs share it, as a loader without workers shares its
         own: making and closing one cost "auto" ~100 us an epoch."""
         tuner = self.tuner
-        return (self.auto is not None and tuner is not None and tuner.pinned and self.mode == "inline"
+        return (self.auto is not None and tuner is not None and tuner.pinned and self.mode == Mode.INLINE
                 and self.num_workers == 0 and self.threads == 1 and not self.launched and not self.dead
                 and not self._holder)
 
@@ -1716,7 +1725,7 @@ class _Pool:
             self.num_workers = max(kept.num_workers, tuner.workers_run, 1 if self.timed else 0)
             # the probe that would tell whether the dataset draws from the global RNGs does
             # not run again: with workers, the workers make every batch, as torch's would
-            self.mode = "workers" if self.num_workers else "inline"
+            self.mode = Mode.WORKERS if self.num_workers else Mode.INLINE
             # ... without workers, batches that grow costly take them up again (``_Pool.note``)
             self.adaptive = not self.num_workers
             cost = self.findings.batch_s
@@ -1725,7 +1734,7 @@ class _Pool:
                 # batches, as it did while they started, and takes them up again if they
                 # grow costly (``_Pool.note``)
                 self.num_workers = tuner.workers_run = 0
-                self.mode = "inline"
+                self.mode = Mode.INLINE
                 self.adaptive = True
                 tuner.pin({"num_workers": 0, "fetch_threads": self.threads, "prefetch_factor": None,
                            "reason": _start_words(self.findings, cost, self.epoch_batches or 0)
@@ -1786,7 +1795,7 @@ class _Pool:
 
     def bulk_ok(self) -> bool:
         """May the main process gather many batches at once (in-memory arrays, main-process mode)?"""
-        return self.bulk and (self.mode == "inline" or (self.num_workers == 0 and self.tuner is None))
+        return self.bulk and (self.mode == Mode.INLINE or (self.num_workers == 0 and self.tuner is None))
 
     def serve_here(self) -> bool:
         """Should the main process make the next batch itself?
@@ -1798,7 +1807,7 @@ class _Pool:
         start-up, and a freshly forked parent and child copying pages they both write):
         the main process, idle otherwise, makes one meanwhile.
         """
-        if self.mode != "workers":
+        if self.mode != Mode.WORKERS:
             return True
         if not self.adaptive or self.rng_sensitive or self.no_head_start:
             return False
@@ -1848,7 +1857,7 @@ class _Pool:
             if (self.adaptive and not self.copying and (self.tuner is None or self._reopenable())
                     and self._costly(costs, batch)):
                 if self.tuner is None:
-                    self.mode = "workers"  # batches got costly: time for the workers after all
+                    self.mode = Mode.WORKERS  # batches got costly: time for the workers after all
                 else:
                     self._reopen()
             costs.clear()
@@ -1870,7 +1879,7 @@ class _Pool:
         workers, that may still start them?"""
         auto, tuner = self.auto, self.tuner
         return (auto is not None and bool(auto["num_workers"]) and tuner is not None and tuner.pinned
-                and self.mode == "inline" and not self.bulk and not self.timed and not self.no_core_left)
+                and self.mode == Mode.INLINE and not self.bulk and not self.timed and not self.no_core_left)
 
     def _reopen(self, threads: int | None = None) -> None:
         """Start a worker per core ("auto": the tuner refines from there). Where the probe had
@@ -1911,7 +1920,7 @@ class _Pool:
         """Run ``task`` in the main process, timing it for the workers-or-not decision."""
         self.asked_at = time.perf_counter()
         local = self.local_fetcher()
-        if self.mode == "probe" and self.spec.seed is None:
+        if self.mode == Mode.PROBE and self.spec.seed is None:
             return self._probe(local, task)
         restore = None
         if self.spec.seed is not None:
@@ -1972,7 +1981,7 @@ class _Pool:
             if self.launched and hasattr(self.executor, "set_rng"):
                 self.executor.set_rng(w, after)  # started early, before this batch ended
             if self.num_workers:
-                self.mode = "workers"
+                self.mode = Mode.WORKERS
         elif before is not None:
             self.rng_quiet = True
         return self._timed(result, cost)
@@ -2113,7 +2122,7 @@ class _Pool:
             del costs[0]
         if not self.adaptive:
             return result
-        if (self.mode == "inline" and cost <= SLOW_S and self.inline_batches % 16 and self.tuner is not None
+        if (self.mode == Mode.INLINE and cost <= SLOW_S and self.inline_batches % 16 and self.tuner is not None
                 and self.tuner.pinned and self.auto is not None and self.auto["num_workers"]):
             # "auto" settled here: only a slow batch, or every 16th, is looked at (walking each
             # batch for its size cost ~2 us of a 12 us batch_size=None batch)
@@ -2145,10 +2154,10 @@ class _Pool:
             elif (self.inline_batches % 16 == 0 and len(costs) >= 16 and not copying and self._reopenable()
                   and self._costly(costs, result.batch)):
                 self._reopen()  # as _Pool.note does for batches made by the quick path
-            elif self.mode == "probe" and (copying or _probed_enough(costs)):
+            elif self.mode == Mode.PROBE and (copying or _probed_enough(costs)):
                 typical = _typical(costs)
                 if copying or not self.worth_workers(typical, result.batch):
-                    self.mode = "inline"
+                    self.mode = Mode.INLINE
                     self.tuner.workers_run = 0  # any started early make no batch from here
                     why = (f"batches are made at {rate / 1e9:.1f} GB/s in the main process (copying memory): "
                            "workers would only copy them again" if copying else
@@ -2162,11 +2171,11 @@ class _Pool:
                 cost > 5 * SLOW_S and rate < INLINE_RATE or (len(costs) >= 2 and min(costs[-2:]) > SLOW_S))):
             # clearly worth a worker (one batch can be slow because the machine is busy:
             # a moderately slow one must be seen twice), or only a worker makes it right
-            self.mode = "workers"
+            self.mode = Mode.WORKERS
             if result.cpu is not None and cost > 0:
                 self._threads_to_start(result.cpu / cost, cost / max(1, result.samples))
         elif _probed_enough(costs):
-            self.mode = "workers" if not copying and self.worth_workers(_estimate(costs), result.batch) else "inline"
+            self.mode = Mode.WORKERS if not copying and self.worth_workers(_estimate(costs), result.batch) else Mode.INLINE
         return result
 
     # -- num_workers / fetch_threads / prefetch_factor = "auto" --------------
@@ -2221,9 +2230,9 @@ class _Pool:
         d = tuner.decision()
         auto = self.auto or {}
         workers = d.num_workers if auto.get("num_workers") else self.num_workers
-        if auto.get("num_workers") and self.mode == "probe" and workers == 0:
+        if auto.get("num_workers") and self.mode == Mode.PROBE and workers == 0:
             return  # the main-process probe decides that
-        if not auto.get("num_workers") and self.mode != "workers":
+        if not auto.get("num_workers") and self.mode != Mode.WORKERS:
             # the user's workers, kept back by ``adaptive`` while batches are cheaper made
             # here: that choice stands (it takes them up when batches grow costly)
             workers = 0
@@ -2239,19 +2248,19 @@ class _Pool:
         tuner.threads_run = self.threads
 
     def apply(self, workers: int, threads: int, prefetch: int) -> None:
-        if workers > 0 and self.mode != "workers" or workers > self.num_workers:
+        if workers > 0 and self.mode != Mode.WORKERS or workers > self.num_workers:
             if not self.started:
                 self.num_workers = workers
                 self.spec = dataclasses.replace(self.spec, fetch_threads=threads, num_workers=workers)
                 self.threads = threads
-                self.mode = "workers"
+                self.mode = Mode.WORKERS
                 _ = self.executor
             else:
                 self.executor.grow(workers)
                 self.num_workers = workers
                 if self.tuner is not None:
                     self.tuner.workers_run = workers
-                self.mode = "workers"
+                self.mode = Mode.WORKERS
         if threads != self.threads and self.started:
             self.executor.set_threads(threads)
             self.threads = threads
@@ -2614,7 +2623,7 @@ class _Run(Generic[T]):
             self._handed(self.out_seq)
         self.yielded += 1
         ahead = self.batches
-        if type(ahead) is _ReadAhead and self.pool.mode == "workers":
+        if type(ahead) is _ReadAhead and self.pool.mode == Mode.WORKERS:
             # torch's loader reads one more batch of indices for each it hands out
             ahead.top_up(self.primed + self.yielded - self.skipped)
         if self.len_said is not None and self.yielded > self.len_said:
@@ -2644,15 +2653,15 @@ class _Run(Generic[T]):
             return self._bulk()
         if not self.inflight and not len(self.reorder):
             while pool.serve_here():
-                if pool.mode == "inline" and pool.quick:
+                if pool.mode == Mode.INLINE and pool.quick:
                     return self._quick()
                 indices = next(self.batches)  # StopIteration ends the epoch
                 task = Task(pool.seq, self.epoch, _task_indices(indices) if self.loader._auto_collation else [indices])
                 pool.seq += 1
                 self.reorder.next = pool.seq
-                if pool.mode == "workers":
+                if pool.mode == Mode.WORKERS:
                     _ = self.ex  # started now if not yet (a later epoch's workers, which paid)
-                if pool.mode == "workers" and not pool.holds_back():
+                if pool.mode == Mode.WORKERS and not pool.holds_back():
                     self._fill()  # the workers start on the batches after this one
                 else:
                     # if this batch turns out slow and workers start meanwhile, they get the next
@@ -2666,7 +2675,7 @@ class _Run(Generic[T]):
                     pool.on_early = None
                 out = self._take(result)
                 if out is not None:
-                    if pool.mode == "workers" and pool.started and not pool.holds_back():
+                    if pool.mode == Mode.WORKERS and pool.started and not pool.holds_back():
                         # workers started while this batch was made here: the one held back for
                         # it (its RNG stand-in) gets its batches now, not at the next call
                         self._fill()
@@ -2801,7 +2810,7 @@ class _Run(Generic[T]):
     def _go_lean(self, fetcher: Fetcher) -> None:
         """Take the lean path from the next batch on if it would do all there is to do."""
         pool = self.pool
-        self.lean = (pool.mode == "inline" and pool.quick and not self.dropping and not self.replicas_done
+        self.lean = (pool.mode == Mode.INLINE and pool.quick and not self.dropping and not self.replicas_done
                      and self.len_said is None and self.positions is None and not self.ahead
                      and not self.ready and self.slices is None and not self.inflight
                      and not len(self.reorder) and not (pool.tuner is not None and pool.tuning()))
@@ -2831,7 +2840,7 @@ class _Run(Generic[T]):
         fetch = self._quick_fetch
         assert fetch is not None
         batch, n, start, end = self._quick_batch(fetch, indices)
-        if pool.mode != "inline":
+        if pool.mode != Mode.INLINE:
             self.lean = False  # batches got costly: the workers make the next ones
         self.prefix += 1  # in order, none left out: the position is the count
         self.yielded += 1
