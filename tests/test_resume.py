@@ -354,6 +354,7 @@ def test_sampler_without_state_dict_resumes_by_replaying(sampler: Any, as_batch_
     ref = run_epochs(build())
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # a sampler that replays exactly: no warning
+        warnings.simplefilter("ignore", conveyor.SlowSettingWarning)  # (a judgement of speed: a loaded machine may earn it)
         got = interrupted(build(), build(), len(ref[0]) + 2)
     assert got == expected_after(ref, len(ref[0]) + 2)
 
@@ -929,6 +930,7 @@ def test_torchs_distributed_sampler_resumes_with_the_callers_set_epoch(stop: str
     ref, (epoch, state) = train(0, save_after=6)  # 4 batches an epoch: the second epoch's third
     with warnings.catch_warnings():
         warnings.simplefilter("error")
+        warnings.simplefilter("ignore", conveyor.SlowSettingWarning)  # (a judgement of speed: a loaded machine may earn it)
         rest, _ = train(epoch, state)
     assert rest == ref[8 if stop == "epoch-end" else 6:]
 
@@ -953,6 +955,7 @@ def test_forgetting_set_epoch_on_resume_is_named_as_the_fix() -> None:
     again.sampler.set_epoch(1)  # as told: no warning, the saved epoch's rest
     with warnings.catch_warnings():
         warnings.simplefilter("error")
+        warnings.simplefilter("ignore", conveyor.SlowSettingWarning)  # (a judgement of speed: a loaded machine may earn it)
         assert len(list(again)) == 3
 
 

@@ -14,7 +14,6 @@ module only decides what to ask for, and when.
 from __future__ import annotations
 
 import array
-import base64
 import collections
 import dataclasses
 import enum
@@ -33,9 +32,9 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import numpy as np
 
-from . import _torch, replay, rng
+from . import _torch, position, replay, rng
 from .collate import default_collate, default_convert, numpy_collate
-from .distributed import ShardedIterable, gives_rank_shares, group_world_size, rank_and_world
+from .distributed import gives_rank_shares, group_world_size, rank_and_world
 from .errors import Failure, SlowSettingWarning, TooManyFailures, capture, rebuild
 from .executors import inherit
 from .executors.base import hold_ctrl_c
@@ -48,6 +47,8 @@ from .executors.sched import runqueue_wait as _runqueue_wait
 from .executors.task import Death, Result, Task
 from .executors.threads import ThreadExecutor
 from .executors.worker import Fetcher, WorkerSpec, fetches_batches, rng_lock
+from .order import (ReadAhead, Repeat, Slices, bulk_batches, digested, fresh_batches, own_indices,
+                    reads_ahead_freely, task_indices, torch_split)
 from .samplers import BatchSampler, RandomSampler, Sampler, SequentialSampler
 from .stats import INLINE, Stats
 from .tuning import IO_BOUND, MAX_THREADS, Tuner
@@ -61,8 +62,9 @@ from .transport.recycle import Recycler
 
 __all__ = ["DataLoader", "TooManyFailures", "STATE_VERSION"]
 
+STATE_VERSION = position.STATE_VERSION
+
 T = TypeVar("T")
-STATE_VERSION = 1
 _TICK = 1.0  # seconds between liveness checks while waiting
 # A batch that costs less than this in the main process is cheaper to make there
 # than to receive from a worker (pickle, pipe, wake-ups, ~100 us of the main process's
@@ -121,13 +123,6 @@ def _is_iterable_dataset(dataset: Any) -> bool:
         if isinstance(dataset, TorchIterable):
             return True
     return hasattr(dataset, "__iter__") and not hasattr(dataset, "__getitem__")
-
-
-class _Repeat:
-    """The index sampler of an iterable dataset: 'the next batch', forever."""
-
-    def __iter__(self) -> Iterator[None]:
-        return itertools.repeat(None)
 
 
 def _check_start_method(context: Any, num_workers: int, worker_type: str) -> Any:
@@ -397,7 +392,7 @@ class DataLoader(Generic[T]):
         self._own_sampler = sampler is None and not iterable
         if sampler is None:
             if iterable:
-                sampler = _Repeat()
+                sampler = Repeat()
             elif shuffle:
                 sampler = RandomSampler(dataset, generator=generator, seed=seed if generator is None else None)
             else:
@@ -541,7 +536,7 @@ class DataLoader(Generic[T]):
 
             def position() -> Any:
                 loader = me()
-                return loader._position() if loader is not None else None
+                return position.position(loader) if loader is not None else None
 
             self._device_stage = DevicePrefetcher(
                 weakref.proxy(self), device, depth=depth, pinner=self._slot_pinner or pin,
@@ -635,7 +630,7 @@ class DataLoader(Generic[T]):
                 dist.broadcast(drawn, src=0, group=self._pipe_group)
             pipe_seed = int(drawn.item())
         if self._resume is not None:
-            self._check_replicas(self._resume)
+            position.check_replicas(self, self._resume)
             resume, self._resume = self._resume, None
             if not resume["finished"]:  # (an ended epoch's draws are replayed once, here)
                 undo = (self._epoch, resume, self._ended)
@@ -647,7 +642,7 @@ class DataLoader(Generic[T]):
                 if self._own_sampler and self.seed is not None and hasattr(self.sampler, "set_epoch"):
                     self.sampler.set_epoch(epoch)
                 if replayed is not None:
-                    self._replay_ended(replayed)
+                    position.replay_ended(self, replayed)
                 elif not self._iterable and resume["replay"]:
                     for _ in self._index_sampler:
                         pass
@@ -719,32 +714,6 @@ class DataLoader(Generic[T]):
             f"({type(shown).__name__}) is not a distributed one: every rank will see the whole dataset. "
             "Give each rank its share with sampler=conveyor.DistributedSampler(dataset) (or torch's "
             "DistributedSampler), and call its set_epoch(epoch) every epoch.", UserWarning, stacklevel=3)
-
-    def _stream_rank_world(self) -> tuple[int, int]:
-        """The (rank, world size) a stream is sharded by: a ShardedIterable's own, else this
-        process's (what ``shard_iterable`` inside ``__iter__`` reads)."""
-        if isinstance(self.dataset, ShardedIterable):
-            return self.dataset.rank, self.dataset.world_size
-        return rank_and_world()
-
-    def _check_replicas(self, resume: dict[str, Any]) -> None:
-        """A stream resumed mid-epoch must be read by as many replicas as it was saved from.
-
-        Each worker's copy of an IterableDataset shards the stream by the worker count, and
-        a stream cannot seek: the resumed epoch makes again the batches each replica had
-        handed out and drops them. With another count the shards differ, and dropping by
-        count lost and repeated samples without a word."""
-        replicas = resume.get("replicas")
-        if not self._iterable or resume["finished"] or not replicas:
-            return
-        now = max(1, self.num_workers)
-        if len(replicas) != now:
-            saved = f"num_workers={len(replicas)}" if len(replicas) > 1 else "num_workers=0 or 1"
-            raise ValueError(
-                f"this state was saved mid-epoch from an IterableDataset read by {len(replicas)} replica(s) "
-                f"({saved}); this loader has num_workers={self.num_workers}, which shards the stream "
-                f"otherwise: the batches already handed out cannot be found again. Resume with {saved}, "
-                f"or from a state saved at an epoch's end")
 
     def _inline_pool(self, base_seed: int) -> _Pool:
         """The pool of a run without workers. One made in the main process alone (no workers,
@@ -931,211 +900,11 @@ class DataLoader(Generic[T]):
         """
         if self._device_stage is not None:
             return self._device_stage.state_dict()
-        return self._position()
-
-    def _position(self) -> dict[str, Any]:
-        if self._resume is not None and self._loaded is not None:
-            return dict(self._loaded)  # loaded and not iterated yet: still that position
-        run = self._last_run
-        if run is not None and not run.finished:
-            run.begin()
-        where = run.where(take_in=True) if run is not None and not run.finished else self._ended
-        state: dict[str, Any] = {"version": STATE_VERSION, "dataset_len": self._dataset_len(), "seed": self.seed,
-                                 "batch_size": None if self.batch_size is None else int(self.batch_size),
-                                 "drop_last": bool(self.drop_last)}
-        if self._iterable:
-            state["rank_world"] = list(self._stream_rank_world())
-        gen = self.generator
-        gstate = None
-        if where is None:  # nothing iterated yet: the next epoch starts afresh
-            state.update(epoch=self._epoch, batches=0, replay=False, sampler=None)
-            gstate = gen.get_state() if _torch.is_generator(gen) else None
-        else:
-            if where["finished"] or self._handed_all(where["batches"]):
-                # the next epoch starts afresh, after replaying (without fetching) the draws of
-                # the one that ended, which is what the sampler's state describes. An epoch
-                # whose every batch was handed out has ended too, StopIteration or not: a
-                # trainer that counts len(loader) batches (Lightning) saves there and then
-                # asks for the next epoch, as it would of this loader (torchdata's
-                # StatefulDataLoader resumes such a state at the next epoch as well)
-                state.update(epoch=where["epoch"] + 1, batches=0, replay=True)
-            else:
-                state.update(epoch=where["epoch"], batches=where["batches"], replay=False)
-                for key in ("done", "replicas"):
-                    if where.get(key):
-                        state[key] = where[key]
-            state.update(base_seed=where["base_seed"], sampler=self._sampler_state(where))
-            if where.get("replayed") is not None:
-                replayed = where["replayed"]
-                state["replayed"] = dict(replayed, rngs=replay.as_json(replayed["rngs"]))
-            gstate = where["generator"]
-        if gstate is not None:
-            state["generator"] = base64.b64encode(bytes(gstate.numpy().tobytes())).decode("ascii")
-        return state
-
-    def _handed_all(self, batches: int) -> bool:
-        """True when ``batches`` handed out are all of a map-style epoch's."""
-        if self._iterable:
-            return False
-        try:
-            return bool(batches >= len(self._index_sampler))
-        except TypeError:  # a sampler without a length
-            return False
-
-    def _sampler_state(self, where: dict[str, Any]) -> Any:
-        """The index sampler's state: how its most recent iteration began (None for a sampler
-        resumed by replaying: ``where["replayed"]`` holds how)."""
-        if self._iterable or self._replays() or _is_stateless(self._index_sampler):
-            return None
-        return self._index_sampler.state_dict()
-
-    def _replays(self) -> bool:
-        """True when the index sampler keeps no state (torch's samplers, a list, a custom
-        one): a resumed epoch replays it from the RNG states its iteration began with
-        (``replay``)."""
-        if self._iterable:
-            return False
-        sampler = self._index_sampler
-        if getattr(sampler, "state_dict", None) is None or (
-                isinstance(sampler, BatchSampler) and getattr(sampler.sampler, "state_dict", None) is None):
-            return not _is_stateless(sampler)
-        return False
-
-    def _replay_ended(self, replayed: dict[str, Any]) -> None:
-        """Draw the whole ended epoch again from its RNG states (no fetching), checking what
-        it draws, so the next epoch draws as it would have after it.
-
-        A sampler with ``set_epoch`` (torch's DistributedSampler) takes its epoch from the
-        caller, who has set the next one by now: the replay draws that one, so it is not
-        checked, and without generators of its own there is nothing for it to advance."""
-        sampler = self._index_sampler
-        told = callable(getattr(replay.inner(sampler), "set_epoch", None))
-        if told and not replayed["rngs"].get("own"):
-            return
-        got = n = 0
-        with replay.Replaying(replayed["rngs"], sampler):
-            for b in sampler:
-                got = replay.digest(got, b)
-                n += 1
-        problem = replay.check(sampler, replayed.get("digest"), got, n, int(replayed.get("batches", n)))
-        if problem and not told:
-            warnings.warn(problem, UserWarning, stacklevel=3)
+        return position.position(self)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from ``state``: the rest of the interrupted epoch, then the same epochs after."""
-        if not isinstance(state, dict) or state.get("version") != STATE_VERSION:
-            raise ValueError(f"not a conveyor DataLoader state of version {STATE_VERSION}: {state!r:.200}")
-        for run in list(self._runs):
-            if not run.finished and run.yielded > 0:
-                raise RuntimeError("load_state_dict() while an iterator of this loader is running: finish "
-                                   "or abandon the epoch (or create a new loader) before loading a state")
-        if self._device_stage is not None:
-            self._device_stage.reset()  # an epoch begun but not yet handed out: dropped
-        n = self._dataset_len()
-        if state.get("dataset_len") != n:
-            raise ValueError(f"this state was saved for a dataset of length {state.get('dataset_len')}, "
-                             f"but this loader's dataset has length {n}")
-        if state.get("seed") != self.seed:
-            raise ValueError(f"this state was saved with seed={state.get('seed')}, this loader has seed={self.seed}")
-        self._check_position(state)
-        if int(state.get("batches") or 0) > 0:  # a position counted in batches: they must be the same batches
-            for key in ("batch_size", "drop_last"):
-                if key in state and state[key] != getattr(self, key):
-                    raise ValueError(f"this state was saved mid-epoch with {key}={state[key]!r}, this loader has "
-                                     f"{key}={getattr(self, key)!r}: its {state['batches']} batches handed out would "
-                                     f"be other samples")
-            saved = tuple(state["rank_world"]) if self._iterable and "rank_world" in state else None
-            now = self._stream_rank_world() if saved is not None else None
-            if saved is not None and saved != now:
-                assert now is not None
-                raise ValueError(f"this state was saved mid-epoch by rank {saved[0]} of {saved[1]}, and this loader "
-                                 f"is rank {now[0]} of {now[1]}: a stream's share of each rank follows the world "
-                                 "size, so the batches already handed out cannot be found again. Resume with "
-                                 "the saved world size, or from a state saved at an epoch's end")
-        sampler_state = state.get("sampler")
-        replayed = state.get("replayed") if self._replays() else None
-        if replayed is not None and not (isinstance(replayed, dict) and isinstance(replayed.get("rngs"), dict)):
-            raise ValueError(f"state['replayed'] should hold the RNG states of a sampler without "
-                             f"state_dict(), got {replayed!r:.200}")
-        if sampler_state is not None:
-            sampler = self._index_sampler
-            load = getattr(sampler, "load_state_dict", None)
-            if load is None:
-                raise TypeError(f"{type(sampler).__name__} has no load_state_dict(): cannot resume its position")
-            load(sampler_state)
-        gen = self.generator
-        if "generator" in state and _torch.is_generator(gen):
-            torch = _torch.get()
-            assert torch is not None
-            raw = base64.b64decode(state["generator"])
-            gen.set_state(torch.frombuffer(bytearray(raw), dtype=torch.uint8))
-        replay = bool(state.get("replay"))
-        done = state.get("done") or []
-        if not isinstance(done, list) or not all(isinstance(p, int) and p > int(state["batches"]) for p in done):
-            raise ValueError(f"state['done'] should list batch positions after state['batches'], got {done!r:.200}")
-        replicas = state.get("replicas")
-        if replicas is not None and not (isinstance(replicas, list) and all(
-                isinstance(c, int) and c >= 0 for c in replicas) and sum(replicas) == int(state["batches"])):
-            raise ValueError(f"state['replicas'] should count the batches of each replica, got {replicas!r:.200}")
-        self._resume = {"epoch": int(state["epoch"]) - replay, "batches": int(state["batches"]),
-                        "base_seed": state.get("base_seed"), "finished": replay,
-                        "replay": sampler_state is not None, "done": done, "replicas": replicas,
-                        "replayed": replayed}
-        self._loaded = dict(state)
-        self._epoch = int(state["epoch"])
-
-    def _check_position(self, state: dict[str, Any]) -> None:
-        """Refuse a state that names no position this loader can reach (checked before any of
-        it is taken): each was loaded, and the loader resumed elsewhere without a word."""
-        total = None if self._iterable else _sized(self._index_sampler)  # batches in an epoch
-
-        def whole(v: Any) -> bool:
-            return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
-
-        replay = state.get("replay", False)
-        if not isinstance(replay, (bool, np.bool_)):
-            raise ValueError(f"state['replay'] should be True or False, got {replay!r:.100}")
-        batches = state.get("batches")
-        if replay and (batches or state.get("done") or state.get("replicas")):
-            raise ValueError(f"state['replay'] is True, which names an epoch's end, but state['batches'] is "
-                             f"{batches!r:.100}" + (f" and state['done'] is {state.get('done')!r:.100}"
-                                                    if state.get("done") else "")
-                             + ": a state saved mid-epoch has replay False")
-        epoch = state.get("epoch")
-        low = 1 if replay else 0  # a replayed state names the epoch after the one it replays
-        if not whole(epoch) or epoch < low:
-            raise ValueError(f"state['epoch'] should be a whole number >= {low}"
-                             + (" (state['replay'] is True: the epoch after the one replayed)" if replay else "")
-                             + f", got {epoch!r:.100}")
-        if not whole(batches) or batches < 0 or total is not None and batches > total:
-            span = f"from 0 to {total} (the batches of an epoch)" if total is not None else ">= 0"
-            raise ValueError(f"state['batches'] should be a whole number {span}, got {batches!r:.100}")
-        done = state.get("done") or []
-        last = None if total is None else total - 1
-        if not isinstance(done, list) or not all(whole(p) and p > batches and (last is None or p <= last)
-                                                 for p in done) or len(set(done)) != len(done):
-            span = f"from {batches + 1} to {last}" if last is not None else f"after {batches}"
-            raise ValueError(f"state['done'] should list batch positions {span} (handed out ahead of "
-                             f"state['batches']={batches}), each once, got {done!r:.200}")
-        self._check_sampler_seeds(state.get("sampler"), self._index_sampler, "state['sampler']")
-
-    def _check_sampler_seeds(self, saved: Any, sampler: Any, path: str) -> None:
-        """A seeded sampler's saved seed must be this loader's sampler's: another shuffled
-        other samples, without a word."""
-        while isinstance(saved, dict) and sampler is not None:
-            if saved.get("mode") == "seed" and "seed" in saved:
-                mine = getattr(sampler, "seed", None)
-                if mine is not None and saved["seed"] != mine:
-                    raise ValueError(f"{path}['seed'] is {saved['seed']!r:.100}, but this loader's sampler "
-                                     f"({type(sampler).__name__}) has seed {mine}: it would shuffle other "
-                                     "samples. Resume with the seed the state was saved with")
-            saved, sampler, path = saved.get("sampler"), getattr(sampler, "sampler", None), f"{path}['sampler']"
-
-    def _dataset_len(self) -> int | None:
-        try:
-            return len(self.dataset)
-        except TypeError:
-            return None
+        position.load(self, state)
 
     # -- shutdown -----------------------------------------------------------
     def close(self) -> None:
@@ -1329,137 +1098,6 @@ class _Findings:
         return self.start_s + self.stop_s
 
 
-class _ReadAhead:
-    """A sampler's batches read ``len(head)`` ahead of the batches made, as torch's loader
-    with workers reads them: it takes ``prefetch_factor * num_workers`` at iter() and one
-    more for each batch it hands out. Batches made in the main process (adaptive, with the
-    user's workers kept back) read the sampler only as far as the batch being made, so an
-    epoch that ended without the StopIteration (``zip(range(len(loader)), loader)``, a
-    trainer counting ``len(loader)`` batches, a break in its last few) never ran the sampler
-    out: torch's RandomSampler draws one more permutation from the generator then, and every
-    later epoch's order differed from torch's. While the pool's workers make the batches
-    they read ahead as they are sent batches (``_Run._fill``), and ``top_up`` reads the rest
-    of torch's count when a batch is handed out: a worker still holding its share (its results
-    not yet read from the pipe) is sent nothing then, and how far the sampler had been read
-    when an epoch was left depended on the workers' timing."""
-
-    __slots__ = ("buf", "src", "pool", "done", "drawn")
-
-    def __init__(self, head: list[Any], src: Iterator[Any], pool: _Pool) -> None:
-        self.buf = collections.deque(head)
-        self.src = src
-        self.pool = pool
-        self.done = False
-        self.drawn = len(head)  # batches read from the sampler so far
-
-    def top_up(self, count: int) -> None:
-        """Read the sampler until ``count`` batches have been read (or it ends)."""
-        while self.drawn < count and not self.done:
-            try:
-                self.buf.append(next(self.src))
-            except StopIteration:
-                self.done = True
-                return
-            self.drawn += 1
-
-    def __iter__(self) -> _ReadAhead:
-        return self
-
-    def __next__(self) -> Any:
-        buf = self.buf
-        if not self.done and self.pool.mode != Mode.WORKERS:  # made here (INLINE, PROBE)
-            try:
-                buf.append(next(self.src))  # the one torch's loader takes as it hands a batch out
-                self.drawn += 1
-            except StopIteration:
-                self.done = True
-        if buf:
-            return buf.popleft()
-        if self.done:
-            raise StopIteration
-        try:
-            item = next(self.src)  # (workers: straight from the sampler)
-        except StopIteration:
-            self.done = True  # not asked again: a sampler's iterator need not stay ended
-            raise
-        self.drawn += 1
-        return item
-
-
-class _Slices:
-    """Batches of indices as slices of the sampler's whole order (one array per epoch).
-
-    Used for datasets with ``gather``: no Python int per index, and the main process
-    can take many batches' indices at once.
-    """
-
-    def __init__(self, batch_sampler: BatchSampler, skip: int) -> None:
-        self.batch_sampler = batch_sampler
-        self.size = batch_sampler.batch_size
-        self.skip = skip
-        self.order: Any = None
-        self.pos = 0
-        self.end = 0
-        self.per_chunk = 0  # batches per bulk gather (set on first use)
-
-    @classmethod
-    def of(cls, loader: DataLoader[Any], skip: int) -> _Slices | None:
-        bs = loader.batch_sampler
-        if type(bs) is not BatchSampler or not callable(getattr(bs.sampler, "order", None)):
-            return None
-        return cls(bs, skip)
-
-    def begin(self, prime: bool) -> None:
-        """Draw the order now when ``prime`` or when the sampler takes its epoch when iterated
-        (seed mode); else it is drawn at the first batch, and the sampler's state meanwhile is a
-        fresh start's."""
-        sampler = self.batch_sampler.sampler
-        if prime or getattr(sampler, "_torch_mode", True) is False:
-            self._load()
-        elif callable(getattr(sampler, "_will_start", None)):
-            sampler._will_start()
-
-    def _load(self) -> None:
-        self.order = self.batch_sampler.sampler.order()
-        n = len(self.order)
-        self.end = n - n % self.size if self.batch_sampler.drop_last else n
-        self.pos = min(self.end, self.skip * self.size)
-
-    def __iter__(self) -> _Slices:
-        return self
-
-    def __next__(self) -> Any:
-        got = self.chunk(1)
-        if got is None:
-            raise StopIteration
-        return got
-
-    def chunk(self, batches: int) -> Any:
-        """The indices of the next ``batches`` batches, or None at the end of the epoch."""
-        if self.order is None:
-            self._load()
-        if self.pos >= self.end:
-            return None
-        stop = min(self.end, self.pos + batches * self.size)
-        out = self.order[self.pos:stop]
-        self.pos = stop
-        return out
-
-
-def _torch_split() -> Callable[[Any, int], Any]:
-    """``torch.split`` without the Python wrapper around it (a third of its cost on small tensors)."""
-    torch = _torch.get()
-    assert torch is not None
-    return getattr(getattr(torch, "_VF", None), "split", None) or torch.split
-
-
-def _bulk_batches(dataset: Any, size: int, budget: int = 8 << 20) -> int:
-    """How many batches to gather at once: up to 64, within ``budget`` bytes."""
-    row = sum(a[:1].nbytes if hasattr(a, "nbytes") else a[:1].element_size() * a[:1].numel()
-              for a in getattr(dataset, "arrays", ()))
-    return max(1, min(64, budget // max(1, row * size)))
-
-
 def _ranks_words() -> str:
     """How many training processes share how many cores, in words."""
     return f"{ranks_here()} training processes share this machine's {usable_cores()} cores"
@@ -1478,25 +1116,6 @@ def _start_words(findings: _Findings, cost: float, batches: int) -> str:
                 f"({findings.made_a_batch(cost) * 1e3:.1f} ms{measured})")
     return (f"starting and stopping the workers takes {findings.workers_s() or 0.0:.2f} s an epoch, more than "
             f"the epoch's {batches} batches take in the main process ({cost * batches:.2f} s)")
-
-
-def _digested(batches: Iterator[Any], digests: array.array, d: int, learn: tuple[Any, Any] | None) -> Iterator[Any]:
-    """``batches``, each extending the digest in ``digests``; with ``learn`` (the loader, weakly,
-    and the RNG mark), the global RNGs the sampler's first draw moved: later epochs' marks take
-    those alone (and torch's, cheap to copy); see replay.Mark.
-
-    A function, not a method of the run: the run holds this generator, and a generator of its
-    own would hold the run, a cycle that kept an epoch broken off early (a torch sampler, a
-    ``break``) and its workers alive until a full collection: two more processes an epoch."""
-    for b in batches:
-        if learn is not None:
-            loader, rngs = learn[0](), learn[1]
-            if loader is not None:
-                loader._rng_use = rngs.moved() | {"torch"}
-            learn = None
-        d = replay.digest(d, b)
-        digests.append(d)
-        yield b
 
 
 class _CpuTimed:
@@ -1539,24 +1158,6 @@ def _probed_enough(costs: list[float]) -> bool:
     other two cost, so the choice is the one four would make. With tiny samples each
     probing batch pays ~0.15 ms of RNG bookkeeping, a real share of a short run."""
     return len(costs) >= 4 or sum(c <= INLINE_MAX_S for c in costs) >= 2
-
-
-def _is_stateless(sampler: Any) -> bool:
-    inner = getattr(sampler, "sampler", sampler)
-    return type(inner).__name__ == "SequentialSampler"
-
-
-def _reads_ahead_freely(loader: DataLoader[Any]) -> bool:
-    """May the sampler be read further ahead than torch's loader reads it (grouped tasks)?
-
-    Only where its draws do not depend on how far it was read: a sequential order, or the
-    loader's own sampler under ``seed=`` (a function of seed and epoch). A shuffle drawn from
-    a generator or torch's global RNG draws its next permutation when it runs out, so an epoch
-    left a few batches before its end would move later epochs' orders away from torch's
-    (docs/determinism.md)."""
-    if loader._own_sampler and loader.seed is not None:
-        return True
-    return _is_stateless(loader._index_sampler)
 
 
 class Mode(enum.Enum):
@@ -1662,7 +1263,7 @@ class _Pool:
         # batches a process worker's task carries (executors/grouping.py): map-style only, where
         # a worker's task is its batch's indices and nothing hangs on the stream it reads
         self.grouping = Grouping()
-        if loader._iterable or self.threads != 1 or not loader._groups_ok or not _reads_ahead_freely(loader):
+        if loader._iterable or self.threads != 1 or not loader._groups_ok or not reads_ahead_freely(loader):
             self.grouping.decided = True
         self.launched = False  # workers were started at some point
         self.delivered = False  # a worker has handed back a batch
@@ -2342,7 +1943,7 @@ class _Run(Generic[T]):
                 self.drop_any = skip
         self.dropping = self.drop_any + sum(self.drop_counts)  # batches still to drop
         self.prefix_base = skip  # position of this run's first batch (map-style, none left out)
-        self.slices = _Slices.of(loader, skip) if pool.spec.gather and not self.ahead else None
+        self.slices = Slices.of(loader, skip) if pool.spec.gather and not self.ahead else None
         self.rngs: replay.Mark | dict[str, Any] | None = None  # a sampler without state_dict: _replayed_batches
         self.ready: collections.deque[Any] = collections.deque()  # batches of one bulk gather
         # torch's iterator with workers takes its first prefetch_factor * num_workers batches of
@@ -2358,14 +1959,14 @@ class _Run(Generic[T]):
             self.slices.begin(primed > 0)
         else:
             start = 0  # position of the sampler's next batch
-            if loader._replays():
+            if position.replays(loader):
                 self.batches, start = self._replayed_batches(skip, replayed)
             else:
                 self.batches = iter(loader._index_sampler)  # a stream's: placeholders, never skipped
-            if not iterable and loader._auto_collation and not _fresh_batches(loader._index_sampler):
+            if not iterable and loader._auto_collation and not fresh_batches(loader._index_sampler):
                 # a batch sampler may yield one list refilled in place: each batch is copied as it
                 # is drawn, or batches read ahead (and tasks not yet sent) change under the loader
-                self.batches = map(_own_indices, self.batches)
+                self.batches = map(own_indices, self.batches)
             if self.ahead:
                 self.positions = []
                 # a copy: ``ahead`` loses each position as the prefix passes it, and the
@@ -2375,7 +1976,7 @@ class _Run(Generic[T]):
                 self.batches = itertools.islice(self.batches, skip - start, None)
             if primed:
                 head = list(itertools.islice(self.batches, primed))
-                self.batches = _ReadAhead(head, self.batches, pool)
+                self.batches = ReadAhead(head, self.batches, lambda: pool.mode is not Mode.WORKERS)
         self.sampler_done = False
         # has the sampler's iteration begun? With workers it begins here (``primed``); without,
         # at the first batch, as torch's does, or when a state is asked for first (``begin``)
@@ -2434,7 +2035,7 @@ class _Run(Generic[T]):
         self.batches = itertools.chain(head, self.batches)
 
     def _replayed_batches(self, skip: int, replayed: dict[str, Any] | None) -> tuple[Iterator[Any], int]:
-        """The batches of a sampler without state_dict (``DataLoader._replays``), and the
+        """The batches of a sampler without state_dict (``position.replays``), and the
         position of the first: the RNG states its iteration begins with are noted, and each
         batch drawn extends a digest (``replay``). A resumed epoch (``replayed``) draws its
         first ``skip`` batches and one more under the saved RNG states, checks them, and
@@ -2469,7 +2070,7 @@ class _Run(Generic[T]):
         and a resumed epoch, which looks ahead from where it starts, may run it out where
         the saved one did not: ending every such epoch alike keeps the next epochs' draws
         the same in both (as torch's loader with workers, which looks ahead too, does)."""
-        if self.sampler_done or self.loader._device_stage is not None or not self.loader._handed_all(self.prefix):
+        if self.sampler_done or self.loader._device_stage is not None or not position.handed_all(self.loader, self.prefix):
             return
         try:
             extra = next(self.batches)
@@ -2480,12 +2081,12 @@ class _Run(Generic[T]):
 
     def _digesting(self, batches: Iterator[Any]) -> Iterator[Any]:
         learn = isinstance(self.rngs, replay.Mark) and self.loader._rng_use is None
-        return _digested(batches, self.digests, self.digest_at_base,
+        return digested(batches, self.digests, self.digest_at_base,
                          (weakref.ref(self.loader), self.rngs) if learn else None)
 
     def _replayed_where(self) -> dict[str, Any]:
         """How a resumed epoch replays this run's sampler up to the position handed out (the
-        RNG states are written as JSON when a state is asked for: DataLoader._position)."""
+        RNG states are written as JSON when a state is asked for: position.position)."""
         k = self.prefix - self.digest_base
         d = self.digest_at_base if k <= 0 else self.digests[k - 1]
         return {"rngs": self.rngs, "batches": self.prefix, "digest": d}
@@ -2623,7 +2224,7 @@ class _Run(Generic[T]):
             self._handed(self.out_seq)
         self.yielded += 1
         ahead = self.batches
-        if type(ahead) is _ReadAhead and self.pool.mode == Mode.WORKERS:
+        if type(ahead) is ReadAhead and self.pool.mode == Mode.WORKERS:
             # torch's loader reads one more batch of indices for each it hands out
             ahead.top_up(self.primed + self.yielded - self.skipped)
         if self.len_said is not None and self.yielded > self.len_said:
@@ -2656,7 +2257,7 @@ class _Run(Generic[T]):
                 if pool.mode == Mode.INLINE and pool.quick:
                     return self._quick()
                 indices = next(self.batches)  # StopIteration ends the epoch
-                task = Task(pool.seq, self.epoch, _task_indices(indices) if self.loader._auto_collation else [indices])
+                task = Task(pool.seq, self.epoch, task_indices(indices) if self.loader._auto_collation else [indices])
                 pool.seq += 1
                 self.reorder.next = pool.seq
                 if pool.mode == Mode.WORKERS:
@@ -2853,7 +2454,7 @@ class _Run(Generic[T]):
             slices = self.slices
             assert slices is not None
             if slices.per_chunk == 0:
-                slices.per_chunk = _bulk_batches(self.loader.dataset, slices.size)
+                slices.per_chunk = bulk_batches(self.loader.dataset, slices.size)
             indices = slices.chunk(slices.per_chunk)
             if indices is None:
                 raise StopIteration
@@ -2861,7 +2462,7 @@ class _Run(Generic[T]):
             cols = self.loader.dataset.gather(indices, output=self.loader.output)
             size = slices.size
             if self.loader.output == "torch":
-                split = _torch_split()
+                split = torch_split()
                 parts = [split(c, size) for c in cols]
             else:
                 cuts = list(range(size, len(indices), size))
@@ -3054,7 +2655,7 @@ class _Run(Generic[T]):
         if indices is not None and not self.loader._auto_collation:
             indices = [indices]
         elif indices is not None:
-            indices = _task_indices(indices)
+            indices = task_indices(indices)
         seq = self.pool.seq
         self.pool.seq += 1
         task = Task(seq, self.epoch, indices, self.pipe_seed)
@@ -3279,44 +2880,6 @@ class _Run(Generic[T]):
                 self._release_buffered()
         except Exception:
             pass
-
-
-def _sized(obj: Any) -> int | None:
-    """``len(obj)``, or None for an object without a length."""
-    try:
-        return int(len(obj))
-    except (TypeError, NotImplementedError):
-        return None
-
-
-def _fresh_batches(sampler: Any) -> bool:
-    """Does this batch sampler yield a new object for every batch (conveyor's and torch's own)?"""
-    kind = type(sampler)
-    return kind is BatchSampler or (kind.__name__ == "BatchSampler"
-                                    and kind.__module__ == "torch.utils.data.sampler")
-
-
-def _own_indices(indices: Any) -> Any:
-    """A batch sampler's indices, copied where the sampler could change them after yielding."""
-    kind = type(indices)
-    if kind is list:
-        return indices.copy()
-    if kind is tuple or kind is range:
-        return indices
-    if isinstance(indices, np.ndarray):
-        return indices.copy()
-    if _torch.is_tensor(indices):
-        return indices.clone()
-    return list(indices)
-
-
-def _task_indices(indices: Any) -> Any:
-    """A batch sampler's indices as a task carries them: a list, tuple, range, numpy array or
-    tensor as it is (a dataset's ``__getitems__`` gets it so in a worker, as under torch),
-    anything else (a generator) as a list."""
-    if type(indices) in (list, tuple, range) or isinstance(indices, np.ndarray) or _torch.is_tensor(indices):
-        return indices
-    return list(indices)
 
 
 def _generator_seed(generator: Any) -> int:
