@@ -447,7 +447,8 @@ def _sweeping(workers: Iterable[int]) -> Iterator[None]:
 
 
 def tune(args: argparse.Namespace) -> int:
-    from .loader import DataLoader, _is_iterable_dataset
+    from .config import is_iterable_dataset
+    from .loader import DataLoader
 
     if args.batches < 2:
         raise SystemExit("conveyor tune: --batches must be at least 2 (the first batch is timed on its own)")
@@ -469,7 +470,7 @@ def tune(args: argparse.Namespace) -> int:
         raise SystemExit(f"conveyor tune: {args.factory}() returned {'an' if kind[0] in 'aeiou' else 'a'} {kind}, "
                          "not a dataset "
                          "(an object with __getitem__ and __len__, or an iterable)")
-    if _is_iterable_dataset(dataset):
+    if is_iterable_dataset(dataset):
         # a stream's worker reads its one iterator: no fetch threads, no shuffling by the loader
         if args.shuffle:
             raise SystemExit(f"conveyor tune: {args.factory}() returned an iterable dataset, which the loader "

@@ -17,10 +17,8 @@ import array
 import collections
 import dataclasses
 import enum
-import hashlib
 import itertools
 import math
-import operator
 import pickle
 import sys
 import threading
@@ -32,8 +30,8 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import numpy as np
 
-from . import _torch, position, replay, rng
-from .collate import default_collate, default_convert, numpy_collate
+from . import _torch, config, position, replay, rng
+from .config import check_start_method, generator_seed
 from .distributed import gives_rank_shares, group_world_size, rank_and_world
 from .errors import Failure, SlowSettingWarning, TooManyFailures, capture, rebuild
 from .executors import inherit
@@ -47,9 +45,9 @@ from .executors.sched import runqueue_wait as _runqueue_wait
 from .executors.task import Death, Result, Task
 from .executors.threads import ThreadExecutor
 from .executors.worker import Fetcher, WorkerSpec, fetches_batches, rng_lock
-from .order import (ReadAhead, Repeat, Slices, bulk_batches, digested, fresh_batches, own_indices,
+from .order import (ReadAhead, Slices, bulk_batches, digested, fresh_batches, own_indices,
                     reads_ahead_freely, task_indices, torch_split)
-from .samplers import BatchSampler, RandomSampler, Sampler, SequentialSampler
+from .samplers import Sampler
 from .stats import INLINE, Stats
 from .tuning import IO_BOUND, MAX_THREADS, Tuner
 from .tuning import cpu_share as _cores
@@ -109,46 +107,6 @@ CROWDED_WAITS = 0.2
 # of it, every epoch. (Forked ones start in ~20 ms.)
 SLOW_START_BATCHES = 8
 SLOW_START_S = 0.1
-
-
-def _is_iterable_dataset(dataset: Any) -> bool:
-    from .datasets import IterableDataset
-
-    if isinstance(dataset, IterableDataset):
-        return True
-    torch = _torch.loaded()
-    if torch is not None:
-        from torch.utils.data import IterableDataset as TorchIterable
-
-        if isinstance(dataset, TorchIterable):
-            return True
-    return hasattr(dataset, "__iter__") and not hasattr(dataset, "__getitem__")
-
-
-def _check_start_method(context: Any, num_workers: int, worker_type: str) -> Any:
-    import multiprocessing as mp
-
-    if context is None:
-        return None
-    if num_workers <= 0:
-        raise ValueError(
-            "multiprocessing_context can only be used with multi-process loading "
-            f"(num_workers > 0), but got num_workers={num_workers}")
-    if worker_type == "thread":  # a start method for processes that never start: not dropped unsaid
-        raise ValueError(f"multiprocessing_context is for process workers, but got "
-                         f"multiprocessing_context={context!r} with worker_type='thread'")
-    if isinstance(context, str):
-        valid = mp.get_all_start_methods()
-        if context not in valid:
-            raise ValueError(
-                f"multiprocessing_context option should specify a valid start method in {valid!r}, "
-                f"but got multiprocessing_context={context!r}")
-        return mp.get_context(context)
-    if not isinstance(context, mp.context.BaseContext):
-        raise TypeError(
-            "multiprocessing_context option should be a valid context object or a string "
-            f"specifying the start method, but got multiprocessing_context={context}")
-    return context
 
 
 class DataLoader(Generic[T]):
@@ -234,201 +192,18 @@ class DataLoader(Generic[T]):
         device_depth: int = 2,
     ) -> None:
         self._initialized = False
-        threads_asked = fetch_threads
-        if type(num_workers) is not int and not isinstance(num_workers, str) and hasattr(num_workers, "__index__"):
-            num_workers = operator.index(num_workers)  # numpy integers, 0-d tensors, bools: as torch takes them
-        # prefetch_factor=N counts batches, as torch's; left unset, tiny batches may travel in
-        # groups, and a worker then holds that many groups (executors/grouping.py)
-        groups_ok = prefetch_factor is None or prefetch_factor == "auto"
-        if num_workers == "auto":
-            # "auto" tunes everything the user left unset: threads for storage that waits,
-            # and how far ahead each worker runs
-            fetch_threads = "auto" if fetch_threads is None else fetch_threads
-            prefetch_factor = "auto" if prefetch_factor is None else prefetch_factor
-        elif fetch_threads is None:
-            fetch_threads = 1
-        auto = {"num_workers": num_workers == "auto", "fetch_threads": fetch_threads == "auto",
-                "prefetch_factor": prefetch_factor == "auto"}
-        if auto["num_workers"]:
-            num_workers = _cores()  # the most the tuner may start; it begins with none
-        if auto["fetch_threads"]:
-            if num_workers == 0:
-                raise ValueError("fetch_threads='auto' needs num_workers > 0 or num_workers='auto'")
-            fetch_threads = 1
-        if auto["prefetch_factor"]:
-            if num_workers == 0:
-                raise ValueError("prefetch_factor='auto' needs num_workers > 0 or num_workers='auto'")
-            prefetch_factor = 2
-        if not isinstance(num_workers, int):
-            raise TypeError(f"num_workers option should be an int, but got num_workers={num_workers!r}")
-        if num_workers < 0:
-            raise ValueError("num_workers option should be non-negative; "
-                             "use num_workers=0 to disable multiprocessing.")
-        if timeout < 0:
-            raise ValueError("timeout option should be non-negative")
-        if num_workers == 0 and prefetch_factor is not None:
-            raise ValueError("prefetch_factor option could only be specified in multiprocessing."
-                             "let num_workers > 0 to enable multiprocessing, otherwise set prefetch_factor to None.")
-        if num_workers > 0 and prefetch_factor is None:
-            prefetch_factor = 2
-        elif prefetch_factor is not None:
-            if isinstance(prefetch_factor, bool):
-                raise TypeError(f"prefetch_factor option should be an int, but got prefetch_factor={prefetch_factor!r}")
-            try:
-                prefetch_factor = operator.index(prefetch_factor)  # numpy integers too
-            except TypeError:
-                raise TypeError(f"prefetch_factor option should be an int, but got "
-                                f"prefetch_factor={prefetch_factor!r}") from None
-            if prefetch_factor <= 0:
-                # torch accepts 0 here and then fails an assertion when iterated
-                raise ValueError(f"prefetch_factor option should be positive, but got prefetch_factor={prefetch_factor}")
-        if persistent_workers and num_workers == 0:
-            raise ValueError("persistent_workers option needs num_workers > 0")
-        if worker_type not in ("process", "thread"):
-            raise ValueError(f"worker_type must be 'process' or 'thread', but got worker_type={worker_type!r}")
-        if output is None:
-            output = "torch" if _torch.available() else "numpy"
-        if output not in ("torch", "numpy"):
-            raise ValueError(f"output must be 'torch' or 'numpy', but got output={output!r}")
-        if output == "torch" and not _torch.available():
-            raise ValueError("output='torch' needs torch: pip install 'conveyor[torch]', or use output='numpy'")
-        if not isinstance(fetch_threads, int) or isinstance(fetch_threads, bool) or fetch_threads < 1:
-            raise ValueError(f"fetch_threads must be a positive int, but got fetch_threads={fetch_threads!r}")
-        if on_error not in ("raise", "skip"):
-            raise ValueError(f"on_error must be 'raise' or 'skip', but got on_error={on_error!r}")
-        if (isinstance(max_failures, bool) or not isinstance(max_failures, (int, float)) or max_failures < 0
-                or math.isnan(max_failures)):
-            raise ValueError(f"max_failures must be a non-negative count or fraction, got max_failures={max_failures!r}")
-        if isinstance(max_failures, float) and max_failures > 1:
-            raise ValueError(f"max_failures as a fraction must be at most 1, got max_failures={max_failures!r}")
-        if not isinstance(max_worker_restarts, int) or max_worker_restarts < 0:
-            raise ValueError(f"max_worker_restarts must be a non-negative int, got {max_worker_restarts!r}")
-        if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)):
-            raise TypeError(f"seed must be an int, but got seed={seed!r}")
-        # torch takes these and fails at the first batch, with "'int' object is not callable"
-        # and no name: say which argument, and now
-        for name, fn in (("collate_fn", collate_fn), ("worker_init_fn", worker_init_fn)):
-            if fn is not None and not callable(fn):
-                raise TypeError(f"{name} should be callable, but got {name}={fn!r:.100}")
-        for name, order in (("sampler", sampler), ("batch_sampler", batch_sampler)):
-            # (a stream refuses any sampler, with torch's ValueError, below)
-            if (order is not None and not (hasattr(order, "__iter__") or hasattr(order, "__getitem__"))
-                    and not _is_iterable_dataset(dataset)):
-                raise TypeError(f"{name} should be an iterable of indices (a Sampler, a list), "
-                                f"but got {name}={order!r:.100}")
-        if not any(hasattr(dataset, m) for m in ("__getitem__", "__getitems__", "__iter__")):
-            raise TypeError("dataset should be a map-style dataset (with __getitem__) or an iterable one "
-                            f"(with __iter__), but got dataset={dataset!r:.100}")
-
-        self.num_workers = num_workers
-        self.prefetch_factor = prefetch_factor
-        self._groups_ok = groups_ok
-        self.pin_memory = pin_memory
-        self.pin_memory_device = pin_memory_device
-        self.timeout = timeout
-        self.worker_init_fn = worker_init_fn
-        self.multiprocessing_context = _check_start_method(multiprocessing_context, num_workers, worker_type)
-        self.in_order = in_order
-        self.worker_type = worker_type
-        self.output = output
-        self.fetch_threads = fetch_threads
-        self.on_error = on_error
-        self.max_failures = max_failures
-        self.max_worker_restarts = max_worker_restarts
-        self.adaptive = adaptive
-        self.restart_hung = restart_hung
-        self._auto = auto if any(auto.values()) else None
-
-        iterable = _is_iterable_dataset(dataset)
-        if iterable and threads_asked not in (None, 1):
-            raise ValueError(f"fetch_threads needs a map-style dataset (samples fetched by index); an iterable "
-                             f"dataset's samples come from one iterator per worker, but got "
-                             f"fetch_threads={threads_asked!r}")
-        if iterable and self._auto is not None:
-            self._auto["num_workers"] = False  # replicas shard by worker count: it cannot change
-            self._auto["fetch_threads"] = False  # and one iterator a worker is read by one thread
-            if not any(self._auto.values()):
-                self._auto = None
-        if iterable and _torch.is_datapipe(dataset):
-            # torch's (deprecated) DataPipes: shuffle= sets their shufflers, as torch's loader does;
-            # each process worker shards its copy. Thread workers share one pipe: no shards.
-            if shuffle is not None:
-                from torch.utils.data import graph_settings
-
-                dataset = graph_settings.apply_shuffle_settings(dataset, shuffle=bool(shuffle))
-                shuffle = None
-            if worker_type == "thread" and num_workers > 1:
-                raise ValueError("a DataPipe is sharded across process workers, each with its own copy: "
-                                 "use worker_type='process' (or num_workers=1)")
-        if iterable:
-            if shuffle not in (False, None):
-                raise ValueError(f"DataLoader with IterableDataset: expected unspecified shuffle option, "
-                                 f"but got shuffle={shuffle}")
-            if sampler is not None:
-                raise ValueError(f"DataLoader with IterableDataset: expected unspecified sampler option, "
-                                 f"but got sampler={sampler}")
-            if batch_sampler is not None:
-                raise ValueError(f"DataLoader with IterableDataset: expected unspecified batch_sampler "
-                                 f"option, but got batch_sampler={batch_sampler}")
-        else:
-            shuffle = bool(shuffle)
-        if sampler is not None and shuffle:
-            raise ValueError("sampler option is mutually exclusive with shuffle")
-        if batch_sampler is not None:
-            if batch_size != 1 or shuffle or sampler is not None or drop_last:
-                raise ValueError("batch_sampler option is mutually exclusive with batch_size, shuffle, "
-                                 "sampler, and drop_last")
-            batch_size = None
-            drop_last = False
-        elif batch_size is None:
-            if drop_last:
-                raise ValueError("batch_size=None option disables auto-batching and is mutually "
-                                 "exclusive with drop_last")
-
-        self._seed_of_generator = seed is None and _torch.is_generator(generator)
-        if self._seed_of_generator:
-            seed = _generator_seed(generator)
-        self.seed = seed
-        self._own_sampler = sampler is None and not iterable
-        if sampler is None:
-            if iterable:
-                sampler = Repeat()
-            elif shuffle:
-                sampler = RandomSampler(dataset, generator=generator, seed=seed if generator is None else None)
-            else:
-                sampler = SequentialSampler(dataset)
-        if batch_size is not None and batch_sampler is None and not iterable:
-            batch_sampler = BatchSampler(sampler, batch_size, drop_last)
-
-        self.dataset = dataset
-        self.batch_size = batch_size
-        self.drop_last = drop_last
-        self.sampler = sampler
-        self.batch_sampler = batch_sampler
-        self.generator = generator
-        self._iterable = iterable
-        self._auto_collation = batch_size is not None if iterable else batch_sampler is not None
-        if self._auto_collation and not iterable and fetches_batches(dataset):
-            # its __getitems__ makes each batch in one call: no samples for threads to share (a
-            # warning, not an error: one setting for many datasets is common)
-            if threads_asked not in (None, 1, "auto"):
-                warnings.warn(f"fetch_threads={threads_asked!r} does nothing here: fetch threads share a batch's "
-                              "samples, fetched one index at a time, and this dataset makes each batch in one call "
-                              "of its __getitems__ (num_workers makes more batches at once)", stacklevel=2)
-                self.fetch_threads = 1
-            if self._auto is not None:
-                self._auto["fetch_threads"] = False
-                if not any(self._auto.values()):
-                    self._auto = None
-        if self._auto_collation:
-            default_fn = default_collate if output == "torch" else numpy_collate
-        else:
-            default_fn = default_convert if output == "torch" else to_numpy
-        # the default given back (a trainer rebuilding a loader from its attributes, as Lightning
-        # does) is the default: its fast paths (bulk gathers, no conversion) stay
-        self._default_collate = collate_fn is None or collate_fn is default_fn
-        self.collate_fn = default_fn if collate_fn is None else collate_fn
-        self.persistent_workers = persistent_workers
+        settings = config.resolve(dataset=dataset, batch_size=batch_size, shuffle=shuffle, sampler=sampler,
+                                  batch_sampler=batch_sampler, num_workers=num_workers, collate_fn=collate_fn,
+                                  pin_memory=pin_memory, drop_last=drop_last, timeout=timeout,
+                                  worker_init_fn=worker_init_fn, multiprocessing_context=multiprocessing_context,
+                                  generator=generator, prefetch_factor=prefetch_factor,
+                                  persistent_workers=persistent_workers, pin_memory_device=pin_memory_device,
+                                  in_order=in_order, worker_type=worker_type, output=output, seed=seed,
+                                  fetch_threads=fetch_threads, on_error=on_error, max_failures=max_failures,
+                                  max_worker_restarts=max_worker_restarts, adaptive=adaptive,
+                                  restart_hung=restart_hung, device=device, device_depth=device_depth)
+        for name, value in settings.items():
+            setattr(self, name, value)
         self._epoch = 0
         self._resume: dict[str, Any] | None = None
         # the global RNGs a sampler without state_dict draws from (replay.Mark); None: not seen yet
@@ -440,7 +215,7 @@ class DataLoader(Generic[T]):
         self._device_args = None if device is None else (device, device_depth)
         self._start_runtime()
         self._initialized = True
-        if num_workers > 0:
+        if self.num_workers > 0:
             self._check_worker_count()
 
     # -- torch's guards -----------------------------------------------------
@@ -449,11 +224,11 @@ class DataLoader(Generic[T]):
             if attr in self._frozen:
                 raise ValueError(f"{attr} attribute should not be set after {type(self).__name__} is initialized")
             if attr == "multiprocessing_context":  # checked and made a context, as torch's setter does
-                val = _check_start_method(val, self.num_workers, self.worker_type)
+                val = check_start_method(val, self.num_workers, self.worker_type)
             if attr == "generator" and self._seed_of_generator:
                 # torch draws the workers' seeds from whatever generator the loader has then
                 if _torch.is_generator(val):
-                    super().__setattr__("seed", _generator_seed(val))
+                    super().__setattr__("seed", generator_seed(val))
                 else:
                     super().__setattr__("seed", None)
                     super().__setattr__("_seed_of_generator", False)
@@ -534,13 +309,13 @@ class DataLoader(Generic[T]):
             # the cycle collector, which a gc.freeze() held for fork workers keeps away
             me = weakref.ref(self)
 
-            def position() -> Any:
+            def where() -> Any:
                 loader = me()
                 return position.position(loader) if loader is not None else None
 
             self._device_stage = DevicePrefetcher(
                 weakref.proxy(self), device, depth=depth, pinner=self._slot_pinner or pin,
-                track_state=True, state_fn=position)
+                track_state=True, state_fn=where)
 
     _RUNTIME = ("_persistent", "_inline", "_runs", "_stats", "_tuner", "_last_ref", "_last_pool",
                 "_recycler", "_slot_pinner", "_device_stage", "_pipe_group")
@@ -572,11 +347,11 @@ class DataLoader(Generic[T]):
         return {k: v for k, v in self.__dict__.items() if k not in self._RUNTIME}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        position = state.pop("_copied_position", None)
+        copied = state.pop("_copied_position", None)
         self.__dict__.update(state)
         self._start_runtime()
-        if position is not None:
-            self.load_state_dict(position)
+        if copied is not None:
+            self.load_state_dict(copied)
 
     # -- sizes --------------------------------------------------------------
     @property
@@ -2880,23 +2655,6 @@ class _Run(Generic[T]):
                 self._release_buffered()
         except Exception:
             pass
-
-
-def _generator_seed(generator: Any) -> int:
-    """The seed of every sample's RNG that a torch generator gives: its initial seed while
-    it is as ``manual_seed`` left it, else a hash of its state. A loader made anew over the
-    same generator once it has drawn (a loader a trainer rebuilds every epoch) so gets other
-    augmentations, as torch's workers get other seeds from it."""
-    seed = int(generator.initial_seed())
-    torch = _torch.get()
-    if torch is None or generator.device.type != "cpu":
-        return seed
-    state = generator.get_state()
-    fresh = torch.Generator()
-    fresh.manual_seed(seed)
-    if torch.equal(fresh.get_state(), state):
-        return seed
-    return int.from_bytes(hashlib.blake2b(state.numpy().tobytes(), digest_size=8).digest(), "little") >> 1
 
 
 def _indices_words(task: Task) -> str:
