@@ -18,7 +18,7 @@ import torch.utils.data as tud
 
 import conveyor
 from conveyor import DataLoader
-from conveyor.loader import _Run
+from conveyor.epoch import Run as _Run
 from helpers import Snapshot, assert_no_leaks
 
 

@@ -511,7 +511,7 @@ def test_auto_under_ranks_of_one_machine_starts_its_share_of_workers(monkeypatch
     cores = conveyor.tuning.usable_cores()
     monkeypatch.setenv("LOCAL_WORLD_SIZE", str(cores))
     loader = conveyor.DataLoader(list(range(8)), batch_size=2, num_workers="auto")
-    assert conveyor.loader._cores() == 1 and loader.num_workers == 1  # the most "auto" may start
+    assert conveyor.tuning.cpu_share() == 1 and loader.num_workers == 1  # the most "auto" may start
 
 
 def test_fetches_timed_by_threads_ahead_of_their_batch_count_not_the_batch_wall() -> None:

@@ -20,7 +20,7 @@ from . import _torch, replay
 from .samplers import BatchSampler
 
 if TYPE_CHECKING:
-    from .loader import _Loader as DataLoader
+    from .loader import DataLoader
 
 __all__ = ["Repeat", "ReadAhead", "Slices", "torch_split", "bulk_batches", "digested", "is_stateless",
            "reads_ahead_freely", "sized", "fresh_batches", "own_indices", "task_indices"]

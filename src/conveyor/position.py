@@ -22,7 +22,7 @@ from .order import is_stateless, sized
 from .samplers import BatchSampler
 
 if TYPE_CHECKING:
-    from .loader import _Loader as DataLoader
+    from .loader import DataLoader
 
 __all__ = ["STATE_VERSION", "position", "load", "handed_all", "replays", "replay_ended", "check_replicas",
            "dataset_len", "stream_rank_world"]

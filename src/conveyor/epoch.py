@@ -1,0 +1,1046 @@
+"""One pass over the data: what ``iter(loader)`` returns.
+
+A ``Run`` reads the epoch's order (``order.py``), hands tasks to the pool's workers in
+strict round robin up to each one's prefetch (``_fill``), takes their results in as they
+come (``_poll``), puts them back in order (``Reorder``) and hands out batches; the main
+process makes batches itself where the pool says so (``Mode``). It keeps the epoch's
+position for ``state_dict()`` (``where``), replaces dead workers and re-issues their tasks,
+counts the samples skipped under ``on_error="skip"``, and says where a timed-out batch is.
+"""
+
+from __future__ import annotations
+
+import array
+import collections
+import itertools
+import math
+import threading
+import time
+import warnings
+import weakref
+from collections.abc import Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
+
+import numpy as np
+
+from . import _torch, position, replay
+from .errors import Failure, TooManyFailures, capture, rebuild
+from .executors.processes import ProcessExecutor
+from .executors.base import hold_ctrl_c
+from .executors.recovery import Recovery
+from .executors.reorder import Reorder
+from .executors.task import Death, Result, Task
+from .executors.worker import Fetcher, rng_lock
+from .order import ReadAhead, Slices, bulk_batches, digested, fresh_batches, own_indices, task_indices, torch_split
+from .placement import probe
+from .placement.probe import Mode
+from .stats import INLINE
+from .transport import to_numpy
+
+if TYPE_CHECKING:
+    from .loader import DataLoader
+    from .pool import Pool
+
+__all__ = ["Run"]
+
+T = TypeVar("T")
+
+
+_TICK = 1.0  # seconds between liveness checks while waiting
+
+
+class Run(Generic[T]):
+    """One pass over the data: what ``iter(loader)`` returns."""
+
+    def __init__(self, loader: DataLoader[T], pool: Pool, epoch: int, skip: int, *, owns_pool: bool,
+                 done: Iterable[int] = (), replicas: Iterable[int] | None = None,
+                 replayed: dict[str, Any] | None = None) -> None:
+        rng_lock.put_back()  # the RNGs thread workers seeded, as they found them: the sampler may draw
+        self.loader = loader
+        self.pool = pool
+        self.epoch = epoch
+        self.owns_pool = owns_pool
+        self.finished = False
+        self.successor: Run[T] | None = None  # the epoch a later iter() started on persistent workers
+        self.exhausted = False  # reached the end of its epoch
+        self.yielded = skip
+        # torch warns once a stream has handed out more batches than len(dataset) said, when
+        # len(loader) was asked (as torch, it compares batches with the dataset's length)
+        self.len_said = loader._len_called if loader._iterable else None
+        self.stats = loader._stats
+        gen = loader.generator
+        self.generator_state = gen.get_state() if _torch.is_generator(gen) else None
+        iterable = loader._iterable
+        # Map-style: the positions (batch numbers in the epoch) handed out or skipped whole:
+        # all below ``prefix``, and ``ahead`` beyond it (batches handed out of order, or left
+        # out of a resumed epoch because an out-of-order run had handed them out).
+        self.ahead: set[int] = set() if iterable else {p for p in done if p > skip}
+        self.prefix = skip
+        self.positions: list[int] | None = None  # position of each batch of this run, when some are left out
+        self.out_seq = -1  # seq of the batch being handed out
+        self.out_worker = -1  # and of the replica it came from (streams)
+        self.bulk_seq = 0  # seq of the next batch in ``ready``
+        # A stream cannot seek: its position is how many batches each replica had handed out,
+        # and a resumed epoch makes those again and drops them (exact when each replica's
+        # stream is deterministic; replicas are handed out in order, whatever ``in_order``).
+        self.replicas_done = [0] * max(1, loader.num_workers) if iterable else []
+        self.drop_counts: list[int] = []  # batches to drop, per replica
+        self.drop_any = 0  # or from any replica: another worker count shards the stream otherwise
+        if iterable and skip:
+            counts = list(replicas or ())
+            if len(counts) == len(self.replicas_done):
+                self.drop_counts = counts
+            else:
+                self.drop_any = skip
+        self.dropping = self.drop_any + sum(self.drop_counts)  # batches still to drop
+        self.prefix_base = skip  # position of this run's first batch (map-style, none left out)
+        self.slices = Slices.of(loader, skip) if pool.spec.gather and not self.ahead else None
+        self.rngs: replay.Mark | dict[str, Any] | None = None  # a sampler without state_dict: _replayed_batches
+        self.ready: collections.deque[Any] = collections.deque()  # batches of one bulk gather
+        # torch's iterator with workers takes its first prefetch_factor * num_workers batches of
+        # indices when it is made (drawing the order then, and from a shared generator before
+        # the next iterator's seed); without workers it waits for the first next(). Seed-mode
+        # samplers take their epoch when iterated, so a second live iterator cannot change it.
+        primed = 0
+        if not iterable and loader.num_workers > 0:
+            primed = loader.num_workers * (loader.prefetch_factor or 2)
+        self.primed = primed
+        if self.slices is not None:
+            self.batches: Iterator[Any] = self.slices
+            self.slices.begin(primed > 0)
+        else:
+            start = 0  # position of the sampler's next batch
+            if position.replays(loader):
+                self.batches, start = self._replayed_batches(skip, replayed)
+            else:
+                self.batches = iter(loader._index_sampler)  # a stream's: placeholders, never skipped
+            if not iterable and loader._auto_collation and not fresh_batches(loader._index_sampler):
+                # a batch sampler may yield one list refilled in place: each batch is copied as it
+                # is drawn, or batches read ahead (and tasks not yet sent) change under the loader
+                self.batches = map(own_indices, self.batches)
+            if self.ahead:
+                self.positions = []
+                # a copy: ``ahead`` loses each position as the prefix passes it, and the
+                # sampler is read lazily (without workers, up to the batch being made)
+                self.batches = self._leave_out(self.batches, skip, frozenset(self.ahead), self.positions, start)
+            elif skip > start and not iterable:
+                self.batches = itertools.islice(self.batches, skip - start, None)
+            if primed:
+                head = list(itertools.islice(self.batches, primed))
+                self.batches = ReadAhead(head, self.batches, lambda: pool.mode is not Mode.WORKERS)
+        self.sampler_done = False
+        # has the sampler's iteration begun? With workers it begins here (``primed``); without,
+        # at the first batch, as torch's does, or when a state is asked for first (``begin``)
+        self.begun = primed > 0 or iterable or self.slices is not None or skip > 0 or bool(self.ahead)
+        self.first_seq = pool.seq
+        self.base_seed = pool.base_seed  # a shared main-process pool takes a new one each epoch
+        pool.epoch_start = pool.seq
+        self.reorder = Reorder(pool.seq, loader.in_order)
+        self.inflight: dict[int, tuple[int, Task]] = {}
+        self.active = [True] * max(1, loader.num_workers)  # iterable datasets: replicas not yet exhausted
+        self.rr = -1  # next worker in the rotation; set at the first dispatch
+        self.recovery = Recovery(loader.max_worker_restarts, can_reissue=not loader._iterable)
+        self.samples_seen = 0
+        self.failed = 0
+        self.first_failure: Failure | None = None  # this epoch's, chained by TooManyFailures
+        self.failure_kinds: dict[str, int] = {}  # this epoch's failures by exception type
+        self.pin = loader._slot_pinner
+        self.to_numpy = loader.output == "numpy" and not loader._default_collate
+        # the main process makes every batch by the quick path and nothing else needs doing
+        # per batch: __next__ takes the lean path (see _lean)
+        self.lean = False
+        self._quick_fetch: Callable[[Any], Any] | None = None
+        self.skipped = skip
+        self.pipe_seed: int | None = None  # (DataLoader.__iter__)
+        # the loader's (epoch counter, resume state, end position) before this run's iter()
+        self.undo: tuple[int, dict[str, Any] | None, dict[str, Any] | None] | None = None
+        self.thread = threading.get_ident()  # the thread that last asked for a batch
+
+    def _give_back(self) -> bool:
+        """Dropped or closed before handing out a batch (a trainer's probe: Lightning calls
+        iter() once on loaders it does not know), this run gives its epoch back: the next
+        iter() is the epoch this one would have been, with the same ``seed=`` draws, as if
+        iter() had never been called. Not once a later iter() has begun another epoch."""
+        undo, self.undo = self.undo, None
+        loader = self.loader
+        if (undo is None or self.exhausted or self.yielded != self.skipped or loader._epoch != self.epoch + 1
+                or loader._last_run not in (None, self)):
+            return False
+        loader._epoch, resume, loader._ended = undo
+        if resume is not None and loader._resume is None:
+            loader._resume = resume
+        return True
+
+    def begin(self) -> None:
+        """Begin the sampler's iteration if no batch has been asked for yet: a state names
+        the iteration its epoch is in. Without workers the sampler is read at the first
+        next(), as torch's is; a state taken before it described the sampler's previous
+        iteration (a custom sampler's state_dict()) or left the first draw from a global
+        RNG out of the epoch (torch's RandomSampler without a generator), and the resumed
+        epoch was the one before, or later epochs differed. The draw now comes when the
+        state is asked for, as it does at iter() with workers."""
+        if self.begun or self.pool.seq != self.first_seq:
+            return
+        self.begun = True
+        head = list(itertools.islice(self.batches, 1))
+        self.batches = itertools.chain(head, self.batches)
+
+    def _replayed_batches(self, skip: int, replayed: dict[str, Any] | None) -> tuple[Iterator[Any], int]:
+        """The batches of a sampler without state_dict (``position.replays``), and the
+        position of the first: the RNG states its iteration begins with are noted, and each
+        batch drawn extends a digest (``replay``). A resumed epoch (``replayed``) draws its
+        first ``skip`` batches and one more under the saved RNG states, checks them, and
+        goes on from position ``skip``."""
+        sampler = self.loader._index_sampler
+        self.digests = array.array("I")  # the digest after each position from ``digest_base`` on
+        if replayed is None:
+            self.rngs = replay.Mark(sampler, self.loader._rng_use or replay.GLOBALS)
+            self.digest_base, self.digest_at_base = 0, 0
+            return self._digesting(iter(sampler)), 0
+        self.rngs = replayed["rngs"]
+        got = n = 0
+        with replay.Replaying(self.rngs, sampler):
+            raw = iter(sampler)
+            for b in itertools.islice(raw, skip):
+                got = replay.digest(got, b)
+                n += 1
+            # the first batch after them is drawn here too: a sampler may draw its order from
+            # a global RNG at its first batch (torch's RandomSampler does)
+            head = list(itertools.islice(raw, 1))
+        problem = replay.check(sampler, replayed.get("digest"), got, n, skip)
+        if problem:
+            warnings.warn(problem, UserWarning, stacklevel=4)
+        self.digest_base, self.digest_at_base = n, got
+        return self._digesting(itertools.chain(head, raw)), n
+
+    def _run_out_sampler(self) -> None:
+        """A new epoch begins and this one has handed out every batch without reaching the
+        end of its sampler (a trainer that counts len(loader) batches never asks for the
+        StopIteration): take the sampler to its end now. torch's RandomSampler (and the
+        loader's own in torch mode) draws one more permutation when its iterator runs out,
+        and a resumed epoch, which looks ahead from where it starts, may run it out where
+        the saved one did not: ending every such epoch alike keeps the next epochs' draws
+        the same in both (as torch's loader with workers, which looks ahead too, does)."""
+        if self.sampler_done or self.loader._device_stage is not None or not position.handed_all(self.loader, self.prefix):
+            return
+        try:
+            extra = next(self.batches)
+        except StopIteration:
+            self.sampler_done = True
+            return
+        self.batches = itertools.chain([extra], self.batches)  # its length was wrong: keep it
+
+    def _digesting(self, batches: Iterator[Any]) -> Iterator[Any]:
+        learn = isinstance(self.rngs, replay.Mark) and self.loader._rng_use is None
+        return digested(batches, self.digests, self.digest_at_base,
+                         (weakref.ref(self.loader), self.rngs) if learn else None)
+
+    def _replayed_where(self) -> dict[str, Any]:
+        """How a resumed epoch replays this run's sampler up to the position handed out (the
+        RNG states are written as JSON when a state is asked for: position.position)."""
+        k = self.prefix - self.digest_base
+        d = self.digest_at_base if k <= 0 else self.digests[k - 1]
+        return {"rngs": self.rngs, "batches": self.prefix, "digest": d}
+
+    @staticmethod
+    def _leave_out(batches: Iterator[Any], skip: int, done: frozenset[int], positions: list[int],
+                   start: int = 0) -> Iterator[Any]:
+        """The batches from ``skip`` on but those at ``done``, noting each one's position
+        (the first of ``batches`` is at ``start``)."""
+        for p, b in enumerate(batches, start):
+            if p >= skip and p not in done:
+                positions.append(p)
+                yield b
+
+    def _handed(self, seq: int) -> None:
+        """The batch of ``seq`` reached the user, or was skipped whole: advance the position."""
+        k = seq - self.first_seq
+        pos = self.positions[k] if self.positions is not None else self.prefix_base + k
+        if pos != self.prefix:
+            self.ahead.add(pos)
+            return
+        self.prefix += 1
+        ahead = self.ahead
+        while self.prefix in ahead:
+            ahead.discard(self.prefix)
+            self.prefix += 1
+
+    # -- torch's iterator's private names, which tools and tests read ----------
+    @property
+    def _workers(self) -> list[Any]:
+        """The worker processes (``multiprocessing.Process``) serving this epoch; none
+        before they start, or with thread workers or none."""
+        ex = self.pool._holder[0] if self.pool._holder else None
+        if not isinstance(ex, ProcessExecutor):
+            return []
+        return [wk.proc for wk in ex.workers if wk is not None]
+
+    @property
+    def _num_workers(self) -> int:
+        return self.loader.num_workers
+
+    @property
+    def _num_yielded(self) -> int:
+        return self.yielded
+
+    @property
+    def _shutdown(self) -> bool:
+        return bool(self.pool.dead)
+
+    def _shutdown_workers(self) -> None:
+        self.close()
+
+    @property
+    def _dataset(self) -> Any:
+        return self.loader.dataset
+
+    @property
+    def _index_sampler(self) -> Any:
+        return self.loader._index_sampler
+
+    @property
+    def _dataset_kind(self) -> int:
+        return self.loader._dataset_kind
+
+    @property
+    def _auto_collation(self) -> bool:
+        return self.loader._auto_collation
+
+    @property
+    def _IterableDataset_len_called(self) -> int | None:  # noqa: N802 - torch's name
+        return self.len_said
+
+    @property
+    def _persistent_workers(self) -> bool:
+        return bool(self.loader.persistent_workers)
+
+    @property
+    def _base_seed(self) -> int:
+        return self.base_seed
+
+    # -- iterator protocol --------------------------------------------------
+    def __iter__(self) -> Run[T]:
+        return self
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    def __next__(self) -> T:
+        if self.lean:
+            return self._lean()  # type: ignore[no-any-return]
+        ready = self.ready
+        if ready and self.pin is None:
+            # batches already gathered in bulk (map-style, in order): hand one out with the
+            # least bookkeeping
+            batch, size = ready.popleft()
+            self.yielded += 1
+            self.prefix += 1
+            self.bulk_seq += 1
+            self.stats.handed_now(size)
+            return batch  # type: ignore[no-any-return]
+        if self.finished:
+            if self.successor is not None:
+                return next(self.successor)
+            raise StopIteration
+        self.thread = threading.get_ident()
+        asked = time.perf_counter()
+        try:
+            batch, size = self._next()
+            while self.dropping:  # a resumed stream's batches the user had received (see ``drop_counts``)
+                w = max(self.out_worker, 0)
+                if self.drop_counts:
+                    if not self.drop_counts[w]:
+                        break
+                    self.drop_counts[w] -= 1
+                else:
+                    self.drop_any -= 1
+                self.replicas_done[w] += 1
+                self.dropping -= 1
+                batch, size = self._next()
+        except StopIteration:
+            self._finish()
+            raise
+        except Exception:
+            pool = self.pool
+            if pool.dead and pool.closer not in (None, threading.get_ident()):
+                # close() from another thread, while this one made a batch or waited on the
+                # workers it shut down (a process object closed under a poll, a restart or a
+                # start refused): the epoch ends, as it does when close() comes between batches
+                self._finish()
+                raise StopIteration from None
+            raise
+        if self.replicas_done:
+            self.replicas_done[max(self.out_worker, 0)] += 1
+        else:
+            self._handed(self.out_seq)
+        self.yielded += 1
+        ahead = self.batches
+        if type(ahead) is ReadAhead and self.pool.mode == Mode.WORKERS:
+            # torch's loader reads one more batch of indices for each it hands out
+            ahead.top_up(self.primed + self.yielded - self.skipped)
+        if self.len_said is not None and self.yielded > self.len_said:
+            self._warn_len()
+        self.stats.handed(asked, time.perf_counter(), size, len(self.reorder))
+        # every probe.RETUNE_EVERY batches the loader handed out, across epochs: counted per epoch,
+        # epochs of under 4 batches never fed the tuner ("not measured yet" for good)
+        if self.pool.tuner is not None and self.stats.batches % probe.RETUNE_EVERY == 0 and self.pool.tuning():
+            self.pool.retune(self.loader.stats())
+        return batch
+
+    def _warn_len(self) -> None:
+        msg = (f"Length of IterableDataset {self.loader.dataset} was reported to be {self.len_said} (when "
+               f"accessing len(dataloader)), but {self.yielded} samples have been fetched. ")
+        if self.loader.num_workers > 0:
+            msg += ("For multiprocessing data-loading, this could be caused by not properly configuring the "
+                    "IterableDataset replica at each worker (see get_worker_info()).")
+        warnings.warn(msg, UserWarning, stacklevel=3)
+
+    @property
+    def ex(self) -> Any:
+        return self.pool.executor
+
+    def _next(self) -> tuple[Any, int]:
+        pool = self.pool
+        if self.ready or (self.slices is not None and pool.bulk_ok()):
+            return self._bulk()
+        if not self.inflight and not len(self.reorder):
+            while pool.serve_here():
+                if pool.mode == Mode.INLINE and pool.quick:
+                    return self._quick()
+                indices = next(self.batches)  # StopIteration ends the epoch
+                task = Task(pool.seq, self.epoch, task_indices(indices) if self.loader._auto_collation else [indices])
+                pool.seq += 1
+                self.reorder.next = pool.seq
+                if pool.mode == Mode.WORKERS:
+                    _ = self.ex  # started now if not yet (a later epoch's workers, which paid)
+                if pool.mode == Mode.WORKERS and not pool.holds_back():
+                    self._fill()  # the workers start on the batches after this one
+                else:
+                    # if this batch turns out slow and workers start meanwhile, they get the next
+                    # batches once they are ready, all but those of the worker whose RNG this
+                    # batch stands in for
+                    pool.on_early = lambda: pool.holds_back() or self._fill(
+                        hold=(task.seq - self.first_seq) % max(1, pool.num_workers))
+                try:
+                    result = pool.fetch_here(task)
+                finally:
+                    pool.on_early = None
+                out = self._take(result)
+                if out is not None:
+                    if pool.mode == Mode.WORKERS and pool.started and not pool.holds_back():
+                        # workers started while this batch was made here: the one held back for
+                        # it (its RNG stand-in) gets its batches now, not at the next call
+                        self._fill()
+                    return out
+                if self.inflight or len(self.reorder):
+                    break  # the workers hold the next batches: wait for them
+        waited_since = time.monotonic()
+        polled = False  # this call has read the pipes already (and refilled)
+        while True:
+            r = self.reorder.pop()
+            if r is not None:
+                if self.ex.kind != "inline":
+                    if self.inflight and not polled and self.pool.grouping.size == 1:
+                        # a batch was waiting here: collect what else is done, without blocking,
+                        # and refill, so a worker never sits idle while its results sit in the pipe.
+                        # (Grouped batches are refilled by the count handed out, which a poll does
+                        # not change: a system call a batch for nothing.)
+                        self._poll(0)
+                    else:
+                        # the batch handed out leaves room for the next task now, as torch's
+                        # loader refills when it hands one out. Refilled only at the next call,
+                        # one worker with prefetch_factor=1 idled through every training step
+                        # (10 ms loads, 10 ms steps: 22.0 ms a step, torch 13.3), and a stream
+                        # whose every result was waiting here never heard its last worker's end
+                        # (a state_dict saved after its last batch named the ended epoch)
+                        self._fill()
+                out = self._take(r)
+                if out is not None:
+                    return out
+                waited_since = time.monotonic()
+                continue
+            if self.finished or pool.dead:
+                raise StopIteration  # close() from another thread ended this epoch
+            self._fill()
+            if not self.inflight and self.sampler_done and not len(self.reorder):
+                raise StopIteration
+            timeout = _TICK
+            if self.loader.timeout > 0:
+                timeout = min(timeout, max(0.0, waited_since + self.loader.timeout - time.monotonic()))
+            polled = True
+            if not self._poll(timeout):
+                if self.loader.timeout > 0 and time.monotonic() - waited_since >= self.loader.timeout:
+                    if not self._restart_hung():
+                        raise self._timeout_error()
+                    waited_since = time.monotonic()
+                continue
+
+    def _poll(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` for what the workers send and take it in (``_absorb``); False
+        when nothing came. Process workers' results are read and recorded with a Ctrl-C held
+        (``hold_ctrl_c``): one between the two lost the result, and a persistent loader's
+        later epochs waited for ever on the worker still counted as holding it."""
+        ex = self.ex
+        wait = getattr(ex, "wait_ready", None)
+        if wait is None:
+            events = ex.poll(timeout)
+            if events:
+                self._absorb(events)
+            return bool(events)
+        ready = wait(timeout)
+        if not ready:
+            return False
+        with hold_ctrl_c():
+            events = ex.take_ready(ready)
+            deaths = self._take_in(events)
+        for death in deaths:  # (replacing a worker waits for it: not held; an unhandled death is seen again)
+            self._on_death(death)
+        self._fill()
+        return bool(events)
+
+    def _absorb(self, events: list[Any]) -> None:
+        """Take finished batches and deaths from the executor, then refill at once: results
+        often arrive together, and a worker must not wait for the consumer to run dry
+        before it hears of its next batch."""
+        for death in self._take_in(events):
+            self._on_death(death)
+        self._fill()
+
+    def _take_in(self, events: list[Any]) -> list[Death]:
+        """Record the results among ``events``; returns the deaths."""
+        deaths = []
+        for ev in events:
+            if isinstance(ev, Death):
+                deaths.append(ev)
+            elif ev.seq < self.first_seq or ev.seq not in self.inflight:
+                self.ex.release(ev)  # from an abandoned epoch
+            else:
+                self.inflight.pop(ev.seq, None)
+                pool = self.pool
+                if not pool.grouping.decided:
+                    pool.grouping.note(ev)
+                if not pool.delivered:
+                    pool.delivered = True
+                    pool.findings.start_s = time.perf_counter() - pool.launched_at
+                self.reorder.push(ev)
+        return deaths
+
+    def _quick(self) -> tuple[Any, int]:
+        """A batch made in the main process, without the task envelope (the common, cheap case)."""
+        pool = self.pool
+        indices = next(self.batches)  # StopIteration ends the epoch
+        self.out_seq = pool.seq
+        pool.seq += 1
+        self.reorder.next = pool.seq
+        fetcher = pool.local_fetcher()
+        batch, n, start, end = self._quick_batch(fetcher.quick, indices)
+        self.stats.result(INLINE, start, 0.0, end)
+        if not self.lean:
+            self._go_lean(fetcher)
+        return batch, n
+
+    def _quick_batch(self, fetch: Callable[[Any], Any], indices: Any) -> tuple[Any, int, float, float]:
+        """Make the batch of ``indices`` here with ``fetch`` (a fetcher's quick path): timed,
+        noted, converted and pinned as the loader hands it out. The batch, its size and when
+        it was started and made (for the stats, which the caller feeds)."""
+        start = time.perf_counter()
+        try:
+            batch = fetch(indices)
+        except Exception as exc:
+            # the same shape as a worker's failure: original type, traceback chained, a note
+            raise rebuild(capture(exc, None, indices, keep=True))  # noqa: B904 - the exception itself, noted
+        end = time.perf_counter()
+        self.pool.note(end - start, batch)
+        n = len(indices)
+        self.samples_seen += n
+        if self.to_numpy:
+            batch = to_numpy(batch)
+        if self.pin is not None:
+            batch = self.pin(batch)
+        return batch, n, start, end
+
+    def _go_lean(self, fetcher: Fetcher) -> None:
+        """Take the lean path from the next batch on if it would do all there is to do."""
+        pool = self.pool
+        self.lean = (pool.mode == Mode.INLINE and pool.quick and not self.dropping and not self.replicas_done
+                     and self.len_said is None and self.positions is None and not self.ahead
+                     and not self.ready and self.slices is None and not self.inflight
+                     and not len(self.reorder) and not (pool.tuner is not None and pool.tuning()))
+        self._quick_fetch = fetcher.quick if self.lean else None
+
+    def _lean(self) -> Any:
+        """``__next__`` for batches the main process makes by the quick path, with nothing
+        in flight, nothing to skip or drop and no tuner to feed. The general path's checks
+        cost a few microseconds a batch, in this loop and in the training step after it
+        (whose memory they push out of the caches): on diabetes_train, a ~280 us step, they
+        were part of a 2-3% gap to torch's loader without workers (next() 106-108 -> 103-106
+        us a batch here). The stats take five numbers a batch and catch up when read
+        (``Stats.made_here``): 15 alternated fresh runs, conveyor0 against torch0 went from
+        1.6% to 0.9% slower over 10 epochs."""
+        if self.finished:
+            raise StopIteration
+        asked = time.perf_counter()
+        try:
+            indices = next(self.batches)
+        except StopIteration:
+            self._finish()
+            raise
+        pool = self.pool
+        seq = pool.seq
+        self.out_seq = seq
+        pool.seq = self.reorder.next = seq + 1
+        fetch = self._quick_fetch
+        assert fetch is not None
+        batch, n, start, end = self._quick_batch(fetch, indices)
+        if pool.mode != Mode.INLINE:
+            self.lean = False  # batches got costly: the workers make the next ones
+        self.prefix += 1  # in order, none left out: the position is the count
+        self.yielded += 1
+        self.stats.made_here(start, end, asked, time.perf_counter(), n)
+        return batch
+
+    def _bulk(self) -> tuple[Any, int]:
+        """In-memory arrays made in the main process: one gather for many batches, then views."""
+        if not self.ready:
+            slices = self.slices
+            assert slices is not None
+            if slices.per_chunk == 0:
+                slices.per_chunk = bulk_batches(self.loader.dataset, slices.size)
+            indices = slices.chunk(slices.per_chunk)
+            if indices is None:
+                raise StopIteration
+            start = time.perf_counter()
+            cols = self.loader.dataset.gather(indices, output=self.loader.output)
+            size = slices.size
+            if self.loader.output == "torch":
+                split = torch_split()
+                parts = [split(c, size) for c in cols]
+            else:
+                cuts = list(range(size, len(indices), size))
+                parts = [np.split(c, cuts) for c in cols]
+            count = len(parts[0])
+            sizes = [size] * count
+            sizes[-1] = len(indices) - size * (count - 1)
+            self.ready.extend(zip(map(list, zip(*parts)), sizes))
+            # one event for the gather, counting its batches (main-process batches, as any)
+            self.stats.result(-1, start, 0.0, time.perf_counter(), batches=count)
+            self.pool.inline_batches += count
+            self.bulk_seq = self.pool.seq
+            self.pool.seq += count
+            self.reorder.next = self.pool.seq
+        self.out_seq = self.bulk_seq
+        self.bulk_seq += 1
+        if self.pin is not None:
+            batch, n = self.ready.popleft()
+            return self.pin(batch), n
+        return self.ready.popleft()
+
+    def _take(self, r: Result) -> tuple[Any, int] | None:
+        """The user's batch from a result, or None when there is nothing to hand out."""
+        self.out_seq = r.seq
+        self.out_worker = r.worker
+        if r.start and not r.exhausted:  # (a stream's end is no batch: its worker's mean would shrink)
+            self.stats.result(r.worker, r.start, r.fetched, r.end, cpu=r.cpu, nbytes=r.nbytes, rss=r.rss,
+                              cpu_span=r.cpu_span, work=r.work)
+        if r.exhausted:
+            w = max(r.worker, 0)  # -1: the main process, the only replica with 0 workers
+            first = w >= len(self.active) or self.active[w]  # tasks in flight behind it end too
+            if w < len(self.active):
+                self.active[w] = False
+            if r.skipped:
+                self._count_failures(list(r.skipped), samples=len(r.skipped))
+            if r.exhausted == 2 and first:
+                warnings.warn(
+                    f"conveyor: the stream of {'the main process' if r.worker < 0 else f'worker {w}'} ended right "
+                    "after an item raised (on_error='skip'): a generator is over once it has raised, so the "
+                    "rest of that stream, if any, is lost. To skip bad items and go on, catch them inside "
+                    "__iter__, or give the iterator a __next__ that can be called again after raising.",
+                    RuntimeWarning, stacklevel=4)
+            return None
+        loader = self.loader
+        if r.failure is not None:
+            original = r.failure.original  # a thread worker's SystemExit, KeyboardInterrupt: raised
+            if (loader.on_error == "skip" and r.failure.where == "fetching"
+                    and (original is None or isinstance(original, Exception))):
+                self._count_failures([r.failure], samples=len(r.failure.indices or []) or 1)
+                if not self.replicas_done:
+                    self._handed(r.seq)  # skipped whole: its position is done with
+                return None
+            raise rebuild(r.failure)
+        n = samples_in(self.loader, r)
+        if r.skipped:
+            # the batch's samples count as seen before the failures are weighed against them
+            try:
+                self._count_failures(list(r.skipped), samples=n, failed=len(r.skipped))
+            except TooManyFailures:
+                if r.worker >= 0:
+                    self.ex.release(r)  # not handed out: its slot goes back (a persistent pool lost it for good)
+                raise
+            n -= len(r.skipped)
+        else:
+            self.samples_seen += n
+        if r.empty:
+            if not self.replicas_done:
+                self._handed(r.seq)
+            return None
+        batch = r.batch if r.worker < 0 else self.ex.decode(r)
+        if self.to_numpy:
+            batch = to_numpy(batch)
+        if self.pin is not None:
+            batch = self.pin(batch)
+        return batch, n
+
+    def _count_failures(self, failures: list[Failure], samples: int, failed: int | None = None) -> None:
+        """``samples`` more were seen, ``failed`` of them (all by default) failing with ``failures``."""
+        self.stats.skipped(failures)
+        self.failed += samples if failed is None else failed
+        self.samples_seen += samples
+        if failures and self.first_failure is None:
+            self.first_failure = failures[0]
+        for f in failures:
+            kind = f.type_name.rsplit(".", 1)[-1]
+            self.failure_kinds[kind] = self.failure_kinds.get(kind, 0) + 1
+        limit = self.loader.max_failures
+        seen = max(1, self.samples_seen)
+        # a fraction allows that share of the samples seen so far, rounded up: one bad sample
+        # early on is not yet a rate
+        over = self.failed > (limit if isinstance(limit, int) else math.ceil(limit * seen - 1e-9))
+        if over:
+            first = self.first_failure or failures[0]
+            summary = ", ".join(f"{k} x{v}" for k, v in sorted(self.failure_kinds.items(), key=lambda kv: -kv[1]))
+            err = TooManyFailures(
+                f"{self.failed} of {seen} samples failed so far this epoch ({summary}), more than "
+                f"max_failures={limit!r} allows under on_error='skip'. The epoch's first failure is chained "
+                "below.", list(self.stats.failures))
+            try:
+                raise err from rebuild(first)
+            finally:
+                # the exception would hold this frame, and the frame it: a cycle that kept the
+                # epoch's workers, pipes and slots until a full collection, for a loop that
+                # catches it and goes on (15 epochs: 30 processes, 171 fds, 81 segments)
+                del err
+
+    # -- dispatch -----------------------------------------------------------
+    def _fill(self, hold: int | None = None) -> None:
+        """Hand out tasks up to each worker's prefetch; ``hold``: a worker to give none to now."""
+        ex = self.ex
+        if self.sampler_done:
+            return
+        n = ex.num_workers
+        cap = 1 if ex.kind == "inline" else self.pool.depth()
+        if ex.kind == "inline":
+            if self.inflight or len(self.reorder):
+                return
+            if self.loader._iterable and not self.active[0]:
+                self.sampler_done = True
+                return
+            self._send(0, 1)
+            return
+        # Batches ahead of the user, whether still in a worker or finished and waiting here,
+        # number at most prefetch x workers, as torch's do: results are collected as soon as
+        # they arrive, and counting only the tasks still out let the workers run ever further
+        # ahead, holding shared memory and taking the training loop's CPU to do it.
+        room = n * cap - len(self.inflight) - len(self.reorder)
+        if room <= 0 and self.rr >= 0:
+            return  # every worker holds its share (strict round robin keeps them even)
+        group = self.pool.grouping.size if ex.kind == "process" else 1
+        if cap < 2 * group:
+            group = 1  # (fetch threads or a prefetch of 1 since: a whole group would leave the worker idle)
+        fresh = not self.inflight and not len(self.reorder)  # the loop waits for the next batch
+        if group > 1 and room < n * group and not fresh:
+            return  # grouped batches go out a whole group a worker at a time (executors/grouping.py)
+        if self.rr < 0:  # the first dispatch of this epoch: batches made in the main process came first
+            self.rr = (self.pool.seq - self.first_seq) % max(1, n)
+        while len(self.active) < n:
+            self.active.append(True)  # workers added by the tuner
+        # Strict round robin (over live replicas of an iterable dataset), as torch does:
+        # batch k goes to worker k % n, so per-worker RNG streams match torch's. Tasks for
+        # one worker travel together in one message.
+        # With in_order=False a worker at its share is passed over, as torch does: a slow
+        # batch then holds up only its own worker, the others go on taking batches.
+        orders: dict[int, list[Task]] = {}
+        held = {w: ex.outstanding(w) for w in range(n)}
+        strict = self.loader.in_order or self.loader._iterable
+        for _ in range(max(0, room)):
+            live = False
+            for k in range(n):
+                w = (self.rr + k) % n
+                if self.active[w]:
+                    live = True
+                    if strict or (held[w] < cap and w != hold):
+                        break
+            else:
+                if not live:
+                    self.sampler_done = True
+                break  # (in_order=False) every live worker holds its share
+            if held[w] >= cap or w == hold:
+                break  # the turn stays with w: order must follow the rotation
+            task = self._next_task(w)
+            if task is None:
+                break
+            self.rr = (w + 1) % n
+            held[w] += 1
+            orders.setdefault(w, []).append(task)
+        for w, tasks in orders.items():
+            if group > 1:
+                # with nothing in flight (an epoch's start) each worker's first batch goes alone:
+                # in a group it would wait for the rest of the group
+                first = 1 if fresh else 0
+                if first:
+                    ex.submit(w, tasks[:1])
+                for k in range(first, len(tasks), group):
+                    ex.submit(w, tasks[k:k + group], grouped=True)  # one order, one message back
+            else:
+                ex.submit(w, tasks)
+        flush = getattr(ex, "flush_freed", None)
+        if flush is not None:
+            flush()
+
+    def _next_task(self, worker: int) -> Task | None:
+        """The next task (recorded as held by ``worker``), or None when the sampler is done."""
+        try:
+            indices = next(self.batches)
+        except StopIteration:
+            self.sampler_done = True
+            return None
+        if indices is not None and not self.loader._auto_collation:
+            indices = [indices]
+        elif indices is not None:
+            indices = task_indices(indices)
+        seq = self.pool.seq
+        self.pool.seq += 1
+        task = Task(seq, self.epoch, indices, self.pipe_seed)
+        self.inflight[seq] = (worker, task)
+        return task
+
+    def _send(self, worker: int, count: int) -> bool:
+        tasks = []
+        for _ in range(count):
+            task = self._next_task(worker)
+            if task is None:
+                break
+            tasks.append(task)
+        if tasks:
+            self.ex.submit(worker, tasks)
+        return not self.sampler_done
+
+    # -- faults -------------------------------------------------------------
+    def _on_death(self, death: Death) -> None:
+        if self.finished or self.pool.dead:
+            raise StopIteration  # workers stopped by close() (from another thread): no restart
+        self.stats.deaths.append(death.describe())
+        # a stream's replica that has handed out nothing this epoch (a worker that died in an
+        # epoch the user broke off, say) starts over in a new worker: nothing is lost
+        w = death.worker
+        fresh = (bool(self.replicas_done) and w < len(self.replicas_done) and self.replicas_done[w] == 0
+                 and not any(r.worker == w for r in self.reorder.buffer.values()))
+        if not self.recovery.should_restart(death, fresh=fresh):
+            err = self.recovery.error()
+            self.close()
+            raise err
+        self.stats.restarts += 1
+        # a replacement that does not start is waited for as a batch is: timeout, when set
+        wait = self.loader.timeout or 60.0
+        if isinstance(self.ex, ProcessExecutor):
+            # replacements killed before they start are replaced within the same budget
+            budget = self.recovery.max_restarts
+            tasks = self.ex.restart(death.worker, wait, tries=1 + budget - len(self.recovery.deaths),
+                                    spent=f"max_worker_restarts={budget} allows no more")
+            for early in self.ex.take_start_deaths():
+                self.recovery.deaths.append(early)
+                self.stats.deaths.append(early.describe())
+                self.stats.restarts += 1
+        else:
+            tasks = self.ex.restart(death.worker, wait)
+        tasks = [t for t in tasks if t.seq in self.inflight]
+        if tasks:
+            for t in tasks:
+                self.inflight[t.seq] = (death.worker, t)
+            self.ex.submit(death.worker, tasks)
+
+    def _restart_hung(self) -> bool:
+        """With ``restart_hung=True``, kill the worker holding the awaited batch; recovery replaces it."""
+        if not self.loader.restart_hung or not hasattr(self.ex, "kill"):
+            return False
+        awaited = self._awaited()
+        if awaited is None:
+            return False
+        worker, batch = awaited
+        stack = self.ex.stack(worker) if hasattr(self.ex, "stack") else None
+        cause = f"stuck for more than timeout={self.loader.timeout} s on {batch}, restart_hung=True"
+        self.ex.kill(worker, cause, stack)  # the next poll reports its death; its tasks are re-issued
+        return True
+
+    def _held_over(self, worker: int | None = None) -> str:
+        """A worker (``worker``, or any) still busy with a batch of an earlier epoch, which
+        the awaited batch waits behind (persistent workers, after a timeout or a break)."""
+        ledger = getattr(self.ex, "ledger", None)
+        for w, held in enumerate(ledger.held if ledger is not None else ()):
+            old = [t for t in held.values() if t.seq < self.first_seq]
+            if old and worker in (None, w):
+                return (f"worker {w} is still making a batch of an earlier epoch ({indices_words(old[0])}), and "
+                        "must finish it first")
+        return ""
+
+    def _awaited(self) -> tuple[int, str] | None:
+        """The worker holding the batch the consumer waits for, and that batch in words."""
+        seq = self.reorder.next if self.loader.in_order else min(self.inflight, default=None)
+        where = self.inflight.get(seq) if seq is not None else None
+        if seq is None or where is None:
+            return None
+        worker, task = where
+        return worker, f"batch {seq - self.first_seq} of this epoch ({indices_words(task)})"
+
+    def _timeout_error(self) -> RuntimeError:
+        awaited = self._awaited()
+        if awaited is None:
+            behind = self._held_over()
+            where = f" waiting for batch {self.reorder.next - self.first_seq} of this epoch: {behind}" if behind else ""
+            return RuntimeError(f"DataLoader timed out after {self.loader.timeout} seconds{where}")
+        worker, batch = awaited
+        starting = self.ex.starting_for(worker) if hasattr(self.ex, "starting_for") else None
+        stack = None
+        if hasattr(self.ex, "stack"):
+            stack = self.ex.stack(worker)
+        if hasattr(self.ex, "give_up"):
+            self.ex.give_up(worker)
+        elif hasattr(self.ex, "hung"):
+            self.ex.hung.add(worker)  # closing need not wait for it to finish its batch
+        msg = f"DataLoader timed out after {self.loader.timeout} seconds waiting for {batch} from worker {worker}"
+        behind = self._held_over(worker)
+        if behind:
+            msg += f" ({behind})"
+        if starting is not None:
+            how = ("imports the main script and its modules afresh, unpickles the dataset and runs worker_init_fn"
+                   if self.ex.method != "fork" else "runs worker_init_fn")
+            msg += (f", which has not started yet after {starting:.1f} s: a new worker {how} before its first "
+                    "batch, and the timeout counts that too (raise timeout; with persistent_workers=True only the "
+                    "first epoch pays it)")
+        if stack:
+            msg += f"; its Python stack right now:\n{stack}"
+        return RuntimeError(msg)
+
+    # -- endings ------------------------------------------------------------
+    def where(self, take_in: bool = False) -> dict[str, Any]:
+        """This run's position, for the loader's state_dict (``take_in``: results waiting in
+        the pipes may be taken in, see ``_stream_over``; never from a finalizer)."""
+        where: dict[str, Any] = {
+            "epoch": self.epoch, "batches": self.yielded if self.replicas_done else self.prefix,
+            "finished": self.finished and self.exhausted or self._stream_over(take_in), "base_seed": self.base_seed,
+            "generator": self.generator_state}
+        if self.ahead:
+            where["done"] = sorted(self.ahead)  # handed out of order, beyond ``batches``
+        if self.replicas_done:
+            where["replicas"] = list(self.replicas_done)  # batches each replica of the stream handed out
+        if self.rngs is not None:
+            where["replayed"] = self._replayed_where()
+        return where
+
+    def _stream_over(self, take_in: bool) -> bool:
+        """A stream's every worker has said it is exhausted and every batch was handed out:
+        the epoch is over, though the iterator has not raised its StopIteration yet."""
+        if not self.replicas_done or self.finished or self.dropping:
+            return False
+        if (take_in and any(self.active) and self.inflight and self.loader._device_stage is None
+                and self.ex.kind != "inline" and threading.get_ident() == self.thread):
+            # the workers' word may be waiting in the pipes: take it in (no batch is handed out).
+            # Only in the thread that iterates: a checkpoint thread's poll ran into the loop's
+            # ("concurrent poll() invocation"), and its refill wrote orders into the same pipes
+            self._poll(0)
+        if self.inflight:
+            return False
+        buffered = list(self.reorder.buffer.values())
+        if any(not r.exhausted for r in buffered):
+            return False  # batches still to hand out
+        said = {max(r.worker, 0) for r in buffered}
+        return all(not active or w in said for w, active in enumerate(self.active))
+
+    def _finish(self) -> None:
+        if self.finished:
+            return
+        self.exhausted = True
+        self.finished = True
+        rng_lock.put_back()  # the training loop's RNGs back from thread workers
+        self.loader._ended = self.where()
+        self.stats.epoch_end()
+        pool = self.pool
+        if pool.launched and not pool.persistent and not pool.dead:
+            if not pool.delivered and pool.starting():
+                pool.findings.unready = True  # the whole epoch was made here while they started
+            pool.findings.fed_s, pool.findings.fed_batches = self.stats.since(pool.fed_from)
+        elif pool.here_from is not None and not pool.launched and not pool.dead:
+            waited, handed = self.stats.since(pool.here_from)
+            if handed:
+                pool.findings.here_s, pool.findings.here_batches = waited, handed
+        if self.owns_pool:
+            loader = self.loader
+            if loader._inline is None and not loader._iterable and self.pool.serves_every_epoch():
+                loader._inline = self.pool  # the next epochs' too (DataLoader._inline_pool)
+                self.owns_pool = False  # the loader closes it now
+            else:
+                self.pool.close()
+        elif self.pool is self.loader._inline and self.pool.auto is not None and not self.pool.serves_every_epoch():
+            # the "auto" pool the epochs shared started workers in this one (its batches got
+            # costly): they end with the epoch, as workers that do not persist do
+            pool = self.pool
+            if not any(r is not self and r.pool is pool and not r.finished for r in list(self.loader._runs)):
+                self.loader._inline = None
+                pool.close()
+        # last: under warnings-as-errors it raises in place of StopIteration, the epoch closed
+        self.loader._warn_if_workers_lose()
+
+    def _abandon(self) -> None:
+        """A new epoch starts on the same (persistent) workers: drop this one."""
+        if self.finished:
+            return
+        self.finished = True
+        if self.loader._last_run is self:
+            self.loader._ended = self.where()
+        self.lean = False
+        self.ready.clear()  # batches gathered ahead: the next epoch's are its own
+        self._release_buffered()
+
+    def _release_buffered(self) -> None:
+        """Give the slots of batches made but never handed out back to their workers (results
+        still in flight are released as they arrive: ``_absorb``)."""
+        for r in list(self.reorder.buffer.values()):
+            if r.worker >= 0:
+                self.ex.release(r)
+        self.reorder.buffer.clear()
+        self.inflight.clear()
+
+    def close(self) -> None:
+        self._abandon()
+        self._give_back()  # (after _abandon, which notes where the run ended)
+        if self.owns_pool:
+            self.pool.close()
+
+    def __del__(self) -> None:
+        try:
+            if self._give_back():
+                pass  # never began: nothing to resume from
+            elif not self.finished:
+                ref = self.loader._last_ref
+                if ref is None or ref() in (None, self):
+                    self.loader._ended = self.where()  # dropped mid-epoch: resume from here
+            if self.owns_pool and not self.pool.dead:
+                self.pool.close()
+            elif not self.finished and not self.pool.dead:
+                # dropped mid-epoch (a ``break``) on persistent workers: the batches it was
+                # sent would hold their slots until close(), 5-10 MB more a break
+                self._release_buffered()
+        except Exception:
+            pass
+
+
+def indices_words(task: Task) -> str:
+    """A task's samples in words, for messages: its indices, or a stream's next batch."""
+    return "the next batch" if task.indices is None else f"indices {list(task.indices)}"
+
+
+def samples_in(loader: DataLoader[Any], r: Result) -> int:
+    """How many samples ``r``'s batch was made of (skipped ones included)."""
+    if not loader._auto_collation:
+        return 1
+    return r.samples or loader.batch_size or 1
+
