@@ -481,13 +481,7 @@ class Run(Generic[T]):
         (``hold_ctrl_c``): one between the two lost the result, and a persistent loader's
         later epochs waited for ever on the worker still counted as holding it."""
         ex = self.ex
-        wait = getattr(ex, "wait_ready", None)
-        if wait is None:
-            events = ex.poll(timeout)
-            if events:
-                self._absorb(events)
-            return bool(events)
-        ready = wait(timeout)
+        ready = ex.wait_ready(timeout)
         if not ready:
             return False
         with hold_ctrl_c():
@@ -792,9 +786,7 @@ class Run(Generic[T]):
                     ex.submit(w, tasks[k:k + group], grouped=True)  # one order, one message back
             else:
                 ex.submit(w, tasks)
-        flush = getattr(ex, "flush_freed", None)
-        if flush is not None:
-            flush()
+        ex.flush_freed()
 
     def _next_task(self, worker: int) -> Task | None:
         """The next task (recorded as held by ``worker``), or None when the sampler is done."""
@@ -860,13 +852,13 @@ class Run(Generic[T]):
 
     def _restart_hung(self) -> bool:
         """With ``restart_hung=True``, kill the worker holding the awaited batch; recovery replaces it."""
-        if not self.loader.restart_hung or not hasattr(self.ex, "kill"):
+        if not self.loader.restart_hung or not self.ex.can_kill:
             return False
         awaited = self._awaited()
         if awaited is None:
             return False
         worker, batch = awaited
-        stack = self.ex.stack(worker) if hasattr(self.ex, "stack") else None
+        stack = self.ex.stack(worker)
         cause = f"stuck for more than timeout={self.loader.timeout} s on {batch}, restart_hung=True"
         self.ex.kill(worker, cause, stack)  # the next poll reports its death; its tasks are re-issued
         return True
@@ -874,8 +866,7 @@ class Run(Generic[T]):
     def _held_over(self, worker: int | None = None) -> str:
         """A worker (``worker``, or any) still busy with a batch of an earlier epoch, which
         the awaited batch waits behind (persistent workers, after a timeout or a break)."""
-        ledger = getattr(self.ex, "ledger", None)
-        for w, held in enumerate(ledger.held if ledger is not None else ()):
+        for w, held in enumerate(self.ex.held()):
             old = [t for t in held.values() if t.seq < self.first_seq]
             if old and worker in (None, w):
                 return (f"worker {w} is still making a batch of an earlier epoch ({indices_words(old[0])}), and "
@@ -898,14 +889,9 @@ class Run(Generic[T]):
             where = f" waiting for batch {self.reorder.next - self.first_seq} of this epoch: {behind}" if behind else ""
             return RuntimeError(f"DataLoader timed out after {self.loader.timeout} seconds{where}")
         worker, batch = awaited
-        starting = self.ex.starting_for(worker) if hasattr(self.ex, "starting_for") else None
-        stack = None
-        if hasattr(self.ex, "stack"):
-            stack = self.ex.stack(worker)
-        if hasattr(self.ex, "give_up"):
-            self.ex.give_up(worker)
-        elif hasattr(self.ex, "hung"):
-            self.ex.hung.add(worker)  # closing need not wait for it to finish its batch
+        starting = self.ex.starting_for(worker)
+        stack = self.ex.stack(worker)
+        self.ex.give_up(worker)  # closing need not wait for it to finish its batch
         msg = f"DataLoader timed out after {self.loader.timeout} seconds waiting for {batch} from worker {worker}"
         behind = self._held_over(worker)
         if behind:

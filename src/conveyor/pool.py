@@ -285,7 +285,7 @@ class Pool:
         if not self.adaptive or self.rng_sensitive or self.no_head_start:
             return False
         ex = self.executor
-        if getattr(ex, "ready", ex.num_workers) < ex.num_workers:
+        if ex.ready < ex.num_workers:
             for ev in ex.poll(0):  # picks up start-up messages; nothing of ours is in flight
                 if isinstance(ev, Result):
                     ex.release(ev)
@@ -300,15 +300,14 @@ class Pool:
         once, and have them made by the time they would hear of them."""
         if self.delivered or not self.adaptive or self.rng_sensitive or self.no_head_start or not self.starting():
             return False
-        return getattr(self.executor, "method", "fork") != "fork" or self.findings.slow_start()
+        return self.executor.method not in (None, "fork") or self.findings.slow_start()
 
     def starting(self) -> bool:
         """Are some of the workers started still starting (as far as their hellos read)?"""
         if not self.started:
             return False
         ex = self.executor
-        ready = getattr(ex, "ready", None)
-        return ready is not None and ready < ex.num_workers
+        return ex.ready < ex.num_workers
 
     def local_fetcher(self) -> Fetcher:
         """The main process's own fetcher (made on first use)."""
@@ -451,7 +450,7 @@ class Pool:
             self.rng_sensitive = True
             self.findings.draws_rngs = True
             self.spec = dataclasses.replace(self.spec, rng_states=dict(self.rng_states))
-            if self.launched and hasattr(self.executor, "set_rng"):
+            if self.launched:
                 self.executor.set_rng(w, after)  # started early, before this batch ended
             if self.num_workers:
                 self.mode = Mode.WORKERS

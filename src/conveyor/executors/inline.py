@@ -6,14 +6,14 @@ import collections
 from typing import Any
 
 from .. import rng
-from .base import Event
+from .base import Event, Executor
 from .task import Result, Task
 from .worker import Fetcher, WorkerSpec
 
 __all__ = ["InlineExecutor"]
 
 
-class InlineExecutor:
+class InlineExecutor(Executor):
     """Runs each task when the loader polls for it; nothing is fetched ahead."""
 
     kind = "inline"
@@ -33,7 +33,7 @@ class InlineExecutor:
         self.stream_rng: rng.RngState | None = None
         self.stream_epoch: int | None = None
 
-    def submit(self, worker: int, tasks: list[Task]) -> None:
+    def submit(self, worker: int, tasks: list[Task], grouped: bool = False) -> None:
         self.queue.extend(tasks)
 
     def poll(self, timeout: float | None) -> list[Event]:

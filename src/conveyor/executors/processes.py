@@ -30,7 +30,7 @@ from typing import Any
 from .. import transport
 from ..errors import StartupError, rebuild
 from ..transport import share
-from .base import Event, Ledger, hold_ctrl_c
+from .base import Event, Executor, Ledger, hold_ctrl_c
 from .task import Death, Doorbell, Hello, Inbox, Order, Result, Task, send
 from .worker import WorkerSpec, serve, stack_path
 
@@ -155,8 +155,9 @@ class _Worker:
         self.reaped = False
 
 
-class ProcessExecutor:
+class ProcessExecutor(Executor):
     kind = "process"
+    can_kill = True
 
     def __init__(self, spec: WorkerSpec | Callable[[], WorkerSpec], num_workers: int, context: Any = None,
                  *, pinner: Any = None, private_files: Callable[[], tuple[int, ...]] | None = None,
@@ -635,6 +636,12 @@ class ProcessExecutor:
             except OSError:
                 return None
         return None
+
+    def held(self) -> list[dict[int, Task]]:
+        return self.ledger.held
+
+    def give_up(self, worker: int) -> None:
+        self.hung.add(worker)  # closing need not wait for it to finish its batch
 
     def kill(self, worker: int, cause: str | None = None, stack: str | None = None) -> None:
         """Kill ``worker``; its Death then says ``cause`` (and its last ``stack``)."""

@@ -14,7 +14,7 @@ import time
 from typing import Any
 
 from ..errors import Failure, capture
-from .base import Event, Ledger
+from .base import Event, Executor, Ledger
 from .task import Result, Task
 from .worker import WorkerSpec, _set_info, rng_lock, start_worker, torch_for
 
@@ -32,7 +32,7 @@ class _Threads:
         self.n = n
 
 
-class ThreadExecutor:
+class ThreadExecutor(Executor):
     kind = "thread"
 
     def __init__(self, spec: WorkerSpec, num_workers: int) -> None:
@@ -148,7 +148,7 @@ class ThreadExecutor:
                 fetcher.schedule(task)
             self.scheduled[worker].add(task.seq)
 
-    def submit(self, worker: int, tasks: list[Task]) -> None:
+    def submit(self, worker: int, tasks: list[Task], grouped: bool = False) -> None:
         self.ledger.add(worker, tasks)
         q = self.queues[worker]
         fetcher = self.fetchers.get(worker)  # None until the worker has started: it starts them
@@ -252,6 +252,9 @@ class ThreadExecutor:
         stuck = [w for w, t in enumerate(self.threads) if t.is_alive() and t is not me]
         if stuck:
             rng_lock.abandon(self._idents(stuck))
+
+    def held(self) -> list[dict[int, Task]]:
+        return self.ledger.held
 
     def give_up(self, worker: int) -> None:
         """A timeout found ``worker`` stuck: closing will not wait for it, and a seeded sample
