@@ -13,7 +13,6 @@ from __future__ import annotations
 import array
 import collections
 import itertools
-import math
 import threading
 import time
 import warnings
@@ -23,8 +22,8 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import numpy as np
 
-from . import _torch, position, replay
-from .errors import Failure, TooManyFailures, capture, rebuild
+from . import _torch, failures, position, replay
+from .errors import TooManyFailures, capture, rebuild
 from .executors.processes import ProcessExecutor
 from .executors.base import hold_ctrl_c
 from .executors.recovery import Recovery
@@ -140,10 +139,7 @@ class Run(Generic[T]):
         self.active = [True] * max(1, loader.num_workers)  # iterable datasets: replicas not yet exhausted
         self.rr = -1  # next worker in the rotation; set at the first dispatch
         self.recovery = Recovery(loader.max_worker_restarts, can_reissue=not loader._iterable)
-        self.samples_seen = 0
-        self.failed = 0
-        self.first_failure: Failure | None = None  # this epoch's, chained by TooManyFailures
-        self.failure_kinds: dict[str, int] = {}  # this epoch's failures by exception type
+        self.budget = failures.SkipBudget(loader.max_failures, loader._stats)  # on_error="skip"
         self.pin = loader._slot_pinner
         self.to_numpy = loader.output == "numpy" and not loader._default_collate
         # the main process makes every batch by the quick path and nothing else needs doing
@@ -470,8 +466,8 @@ class Run(Generic[T]):
             polled = True
             if not self._poll(timeout):
                 if self.loader.timeout > 0 and time.monotonic() - waited_since >= self.loader.timeout:
-                    if not self._restart_hung():
-                        raise self._timeout_error()
+                    if not failures.restart_hung(self):
+                        raise failures.timeout_error(self)
                     waited_since = time.monotonic()
                 continue
 
@@ -546,7 +542,7 @@ class Run(Generic[T]):
         end = time.perf_counter()
         self.pool.note(end - start, batch)
         n = len(indices)
-        self.samples_seen += n
+        self.budget.seen += n
         if self.to_numpy:
             batch = to_numpy(batch)
         if self.pin is not None:
@@ -642,7 +638,7 @@ class Run(Generic[T]):
             if w < len(self.active):
                 self.active[w] = False
             if r.skipped:
-                self._count_failures(list(r.skipped), samples=len(r.skipped))
+                self.budget.count(list(r.skipped), samples=len(r.skipped))
             if r.exhausted == 2 and first:
                 warnings.warn(
                     f"conveyor: the stream of {'the main process' if r.worker < 0 else f'worker {w}'} ended right "
@@ -656,7 +652,7 @@ class Run(Generic[T]):
             original = r.failure.original  # a thread worker's SystemExit, KeyboardInterrupt: raised
             if (loader.on_error == "skip" and r.failure.where == "fetching"
                     and (original is None or isinstance(original, Exception))):
-                self._count_failures([r.failure], samples=len(r.failure.indices or []) or 1)
+                self.budget.count([r.failure], samples=len(r.failure.indices or []) or 1)
                 if not self.replicas_done:
                     self._handed(r.seq)  # skipped whole: its position is done with
                 return None
@@ -665,14 +661,14 @@ class Run(Generic[T]):
         if r.skipped:
             # the batch's samples count as seen before the failures are weighed against them
             try:
-                self._count_failures(list(r.skipped), samples=n, failed=len(r.skipped))
+                self.budget.count(list(r.skipped), samples=n, failed=len(r.skipped))
             except TooManyFailures:
                 if r.worker >= 0:
                     self.ex.release(r)  # not handed out: its slot goes back (a persistent pool lost it for good)
                 raise
             n -= len(r.skipped)
         else:
-            self.samples_seen += n
+            self.budget.seen += n
         if r.empty:
             if not self.replicas_done:
                 self._handed(r.seq)
@@ -683,36 +679,6 @@ class Run(Generic[T]):
         if self.pin is not None:
             batch = self.pin(batch)
         return batch, n
-
-    def _count_failures(self, failures: list[Failure], samples: int, failed: int | None = None) -> None:
-        """``samples`` more were seen, ``failed`` of them (all by default) failing with ``failures``."""
-        self.stats.skipped(failures)
-        self.failed += samples if failed is None else failed
-        self.samples_seen += samples
-        if failures and self.first_failure is None:
-            self.first_failure = failures[0]
-        for f in failures:
-            kind = f.type_name.rsplit(".", 1)[-1]
-            self.failure_kinds[kind] = self.failure_kinds.get(kind, 0) + 1
-        limit = self.loader.max_failures
-        seen = max(1, self.samples_seen)
-        # a fraction allows that share of the samples seen so far, rounded up: one bad sample
-        # early on is not yet a rate
-        over = self.failed > (limit if isinstance(limit, int) else math.ceil(limit * seen - 1e-9))
-        if over:
-            first = self.first_failure or failures[0]
-            summary = ", ".join(f"{k} x{v}" for k, v in sorted(self.failure_kinds.items(), key=lambda kv: -kv[1]))
-            err = TooManyFailures(
-                f"{self.failed} of {seen} samples failed so far this epoch ({summary}), more than "
-                f"max_failures={limit!r} allows under on_error='skip'. The epoch's first failure is chained "
-                "below.", list(self.stats.failures))
-            try:
-                raise err from rebuild(first)
-            finally:
-                # the exception would hold this frame, and the frame it: a cycle that kept the
-                # epoch's workers, pipes and slots until a full collection, for a loop that
-                # catches it and goes on (15 epochs: 30 processes, 171 fds, 81 segments)
-                del err
 
     # -- dispatch -----------------------------------------------------------
     def _fill(self, hold: int | None = None) -> None:
@@ -850,62 +816,6 @@ class Run(Generic[T]):
                 self.inflight[t.seq] = (death.worker, t)
             self.ex.submit(death.worker, tasks)
 
-    def _restart_hung(self) -> bool:
-        """With ``restart_hung=True``, kill the worker holding the awaited batch; recovery replaces it."""
-        if not self.loader.restart_hung or not self.ex.can_kill:
-            return False
-        awaited = self._awaited()
-        if awaited is None:
-            return False
-        worker, batch = awaited
-        stack = self.ex.stack(worker)
-        cause = f"stuck for more than timeout={self.loader.timeout} s on {batch}, restart_hung=True"
-        self.ex.kill(worker, cause, stack)  # the next poll reports its death; its tasks are re-issued
-        return True
-
-    def _held_over(self, worker: int | None = None) -> str:
-        """A worker (``worker``, or any) still busy with a batch of an earlier epoch, which
-        the awaited batch waits behind (persistent workers, after a timeout or a break)."""
-        for w, held in enumerate(self.ex.held()):
-            old = [t for t in held.values() if t.seq < self.first_seq]
-            if old and worker in (None, w):
-                return (f"worker {w} is still making a batch of an earlier epoch ({indices_words(old[0])}), and "
-                        "must finish it first")
-        return ""
-
-    def _awaited(self) -> tuple[int, str] | None:
-        """The worker holding the batch the consumer waits for, and that batch in words."""
-        seq = self.reorder.next if self.loader.in_order else min(self.inflight, default=None)
-        where = self.inflight.get(seq) if seq is not None else None
-        if seq is None or where is None:
-            return None
-        worker, task = where
-        return worker, f"batch {seq - self.first_seq} of this epoch ({indices_words(task)})"
-
-    def _timeout_error(self) -> RuntimeError:
-        awaited = self._awaited()
-        if awaited is None:
-            behind = self._held_over()
-            where = f" waiting for batch {self.reorder.next - self.first_seq} of this epoch: {behind}" if behind else ""
-            return RuntimeError(f"DataLoader timed out after {self.loader.timeout} seconds{where}")
-        worker, batch = awaited
-        starting = self.ex.starting_for(worker)
-        stack = self.ex.stack(worker)
-        self.ex.give_up(worker)  # closing need not wait for it to finish its batch
-        msg = f"DataLoader timed out after {self.loader.timeout} seconds waiting for {batch} from worker {worker}"
-        behind = self._held_over(worker)
-        if behind:
-            msg += f" ({behind})"
-        if starting is not None:
-            how = ("imports the main script and its modules afresh, unpickles the dataset and runs worker_init_fn"
-                   if self.ex.method != "fork" else "runs worker_init_fn")
-            msg += (f", which has not started yet after {starting:.1f} s: a new worker {how} before its first "
-                    "batch, and the timeout counts that too (raise timeout; with persistent_workers=True only the "
-                    "first epoch pays it)")
-        if stack:
-            msg += f"; its Python stack right now:\n{stack}"
-        return RuntimeError(msg)
-
     # -- endings ------------------------------------------------------------
     def where(self, take_in: bool = False) -> dict[str, Any]:
         """This run's position, for the loader's state_dict (``take_in``: results waiting in
@@ -1017,11 +927,6 @@ class Run(Generic[T]):
                 self._release_buffered()
         except Exception:
             pass
-
-
-def indices_words(task: Task) -> str:
-    """A task's samples in words, for messages: its indices, or a stream's next batch."""
-    return "the next batch" if task.indices is None else f"indices {list(task.indices)}"
 
 
 def samples_in(loader: DataLoader[Any], r: Result) -> int:
