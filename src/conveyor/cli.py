@@ -435,7 +435,7 @@ def _progress(total: int) -> Any:
 def _sweeping(workers: Iterable[int]) -> Iterator[None]:
     """A sweep asked for its worker counts: one note up front where they pass the usable
     cores, instead of the loader's warning at each setting (in the middle of the progress bar)."""
-    from .tuning import usable_cores
+    from .placement import usable_cores
 
     cores = usable_cores()
     most = max(workers, default=0)
@@ -560,7 +560,7 @@ def tune(args: argparse.Namespace) -> int:
     print()
     print("    from conveyor import DataLoader")
     print(f"    loader = DataLoader(dataset, {', '.join(kwargs)})")
-    from .tuning import usable_cores
+    from .placement import usable_cores
 
     cores = usable_cores()
     if pick["workers"] > cores:

@@ -49,11 +49,11 @@ from .executors.threads import ThreadExecutor
 from .executors.worker import Fetcher, WorkerSpec, fetches_batches, rng_lock
 from .samplers import BatchSampler, RandomSampler, Sampler, SequentialSampler
 from .stats import INLINE, Stats
-from .tuning import IO_BOUND, MAX_THREADS, Tuner
-from .tuning import cpu_share as _cores
-from .tuning import no_core_left as _no_core_left
-from .tuning import ranks_here
-from .tuning import usable_cores
+from .placement import IO_BOUND, MAX_THREADS, Tuner
+from .placement import cpu_share as _cores
+from .placement import no_core_left as _no_core_left
+from .placement import ranks_here
+from .placement import usable_cores
 from ._tree import tree_map
 from .transport import to_numpy
 from .transport.recycle import Recycler

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from .stats import INLINE, LOOP, Stats, _stats_of
-from .tuning import cpu_share
+from .placement import cpu_share
 
 __all__ = ["plot_sweep", "plot_timeline", "report", "timeline_windows", "workers_lose", "workers_needed"]
 
