@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 import conveyor
+import conveyor.loader
 from conveyor.report import plot_sweep, plot_timeline, report, workers_needed
 from conveyor.stats import Stats, trace_events, write_trace
 
