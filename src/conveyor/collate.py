@@ -20,17 +20,28 @@ batch needs it, never at import time.
 
 from __future__ import annotations
 
-import abc
 import copy
 import sys
-from collections.abc import Callable, Mapping, MutableMapping, MutableSequence, Sequence
-from contextvars import ContextVar
+from collections.abc import Mapping, MutableMapping, MutableSequence, Sequence
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
 from conveyor import _torch
+
+from .allocator import (
+    Allocator,
+    active_allocator,
+    array_into,
+    arrays_agree,
+    current_allocator,
+    stack_arrays_into,
+    stack_tensors_into,
+    tensor_into,
+    use_allocator,
+)
+from .tensors import AnyTensor, dtype_tables, sparse_layouts, tensor_to_numpy
 
 if TYPE_CHECKING:
     import torch as torch_types
@@ -72,8 +83,6 @@ class CollateFn(Protocol):
 
 
 CollateFnMap = Mapping[type | tuple[type, ...], CollateFn]
-Allocator = Callable[[tuple[int, ...], np.dtype], np.ndarray | None]
-"""``alloc(shape, dtype)`` returns a writable C-contiguous array of that shape and dtype, or None"""
 
 
 # --------------------------------------------------------------------------- torch, lazily
@@ -98,59 +107,7 @@ def _torch_loaded() -> ModuleType:
     return mod
 
 
-class AnyTensor(abc.ABC):
-    """Registry key that matches every ``torch.Tensor`` without importing torch.
-
-    >>> isinstance([1], AnyTensor)
-    False
-    """
-
-    @classmethod
-    def __subclasshook__(cls, sub: type) -> bool:
-        torch = _torch.loaded()
-        tensor = getattr(torch, "Tensor", None) if torch is not None else None
-        if isinstance(tensor, type) and issubclass(sub, tensor):
-            return True
-        return NotImplemented
-
-
-_SPARSE_LAYOUT_NAMES = ("sparse_coo", "sparse_csr", "sparse_bsr", "sparse_csc", "sparse_bsc")
-_sparse_layouts: frozenset[Any] | None = None
-
-
-def _sparse(torch: ModuleType) -> frozenset[Any]:
-    global _sparse_layouts
-    if _sparse_layouts is None:
-        _sparse_layouts = frozenset(
-            getattr(torch, name) for name in _SPARSE_LAYOUT_NAMES if hasattr(torch, name)
-        )
-    return _sparse_layouts
-
-
 # --------------------------------------------------------------------------- dtypes
-
-_DTYPE_NAMES = (
-    "bool", "uint8", "int8", "int16", "int32", "int64", "uint16", "uint32", "uint64",
-    "float16", "float32", "float64", "complex64", "complex128",
-)  # fmt: skip
-_torch_to_numpy: dict[Any, np.dtype] | None = None
-_numpy_to_torch: dict[str, Any] | None = None
-
-
-def _dtype_tables(torch: ModuleType) -> tuple[dict[Any, np.dtype], dict[str, Any]]:
-    global _torch_to_numpy, _numpy_to_torch
-    if _torch_to_numpy is None or _numpy_to_torch is None:
-        t2n: dict[Any, np.dtype] = {}
-        n2t: dict[str, Any] = {}
-        for name in _DTYPE_NAMES:
-            tdt = getattr(torch, name, None)
-            if tdt is None:
-                continue
-            ndt = np.dtype(name)
-            t2n[tdt] = ndt
-            n2t[ndt.str] = tdt
-        _torch_to_numpy, _numpy_to_torch = t2n, n2t
-    return _torch_to_numpy, _numpy_to_torch
 
 
 def torch_dtype_to_numpy(dtype: torch_types.dtype) -> np.dtype | None:
@@ -160,7 +117,7 @@ def torch_dtype_to_numpy(dtype: torch_types.dtype) -> np.dtype | None:
     >>> torch_dtype_to_numpy(torch.float32)
     dtype('float32')
     """
-    return _dtype_tables(_torch_loaded())[0].get(dtype)
+    return dtype_tables(_torch_loaded())[0].get(dtype)
 
 
 def numpy_dtype_to_torch(dtype: np.dtype | type | str) -> torch_types.dtype | None:
@@ -176,137 +133,7 @@ def numpy_dtype_to_torch(dtype: np.dtype | type | str) -> torch_types.dtype | No
         key = np.dtype(dtype).str
     except TypeError:
         return None
-    return _dtype_tables(torch)[1].get(key)
-
-
-# --------------------------------------------------------------------------- allocator
-
-_allocator: ContextVar[Allocator | None] = ContextVar("conveyor_collate_allocator", default=None)
-
-
-class use_allocator:  # noqa: N801 - used as a function: ``with use_allocator(alloc):``
-    """Make every stacked leaf collated in this context ask ``alloc`` for its buffer.
-
-    ``alloc(shape, dtype)`` is called once per stacked leaf with the full batch
-    shape (batch size first); it returns a writable C-contiguous array of that
-    shape and dtype, or None to allocate as usual. ``None`` switches it off. An
-    allocator with a ``min_bytes`` attribute is not asked for smaller leaves.
-    (A class, not a generator: workers enter it once a batch, and a
-    ``@contextmanager`` costs ~1.5 us.)
-
-    >>> with use_allocator(lambda shape, dtype: np.empty(shape, dtype)):
-    ...     batch = default_collate([np.zeros(3), np.ones(3)])
-    """
-
-    __slots__ = ("alloc", "token")
-
-    def __init__(self, alloc: Allocator | None) -> None:
-        self.alloc = alloc
-        self.token: Any = None
-
-    def __enter__(self) -> None:
-        self.token = _allocator.set(self.alloc)
-
-    def __exit__(self, *exc: object) -> None:
-        _allocator.reset(self.token)
-
-
-def current_allocator() -> Allocator | None:
-    """The allocator set by the innermost ``use_allocator``, or None.
-
-    >>> current_allocator() is None
-    True
-    """
-    return _allocator.get()
-
-
-def _buffer(alloc: Allocator, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray | None:
-    buf = alloc(shape, dtype)
-    if buf is None:
-        return None
-    if (
-        not isinstance(buf, np.ndarray)
-        or buf.shape != shape
-        or buf.dtype != dtype
-        or not buf.flags.c_contiguous
-        or not buf.flags.writeable
-    ):
-        got = f"{type(buf).__name__} {getattr(buf, 'shape', '?')} {getattr(buf, 'dtype', '?')}"
-        raise ValueError(
-            f"allocator must return a writable C-contiguous array of shape {shape} "
-            f"and dtype {dtype}, or None; got {got}"
-        )
-    return buf
-
-
-def _stack_arrays_into(batch: Sequence[Any], alloc: Allocator) -> np.ndarray | None:
-    """np.stack into an allocated buffer, or None when the arrays do not all agree."""
-    elem = batch[0]
-    dtype, shape = elem.dtype, elem.shape
-    floor = getattr(alloc, "min_bytes", 0)
-    if floor and elem.nbytes * len(batch) < floor:
-        return None
-    if not _arrays_agree(batch, exact=False):
-        return None
-    buf = _buffer(alloc, (len(batch), *shape), dtype)
-    if buf is None:
-        return None
-    np.stack(batch, out=buf)
-    return buf
-
-
-def _stack_tensors_into(
-    batch: Sequence[Any], torch: ModuleType, alloc: Allocator
-) -> torch_types.Tensor | None:
-    """torch.stack into an allocated buffer, or None when that could differ from plain stack."""
-    elem = batch[0]
-    # an allocator may say which leaves it never takes: skip every other check for those
-    floor = getattr(alloc, "min_bytes", 0)
-    if floor and elem.nbytes * len(batch) < floor:
-        return None
-    np_dtype = _dtype_tables(torch)[0].get(elem.dtype)
-    if np_dtype is None or not elem.is_cpu or elem.layout is not torch.strided:
-        return None
-    # A stack into ``out`` casts to the buffer's dtype where a plain stack would promote,
-    # and subclasses may wrap the result: only exact tensors of one dtype go this way.
-    # Other differences (shapes, devices, autograd) make ``stack(out=)`` raise; then the
-    # plain stack below decides, so results and errors stay those of torch.
-    tensor, dtype = torch.Tensor, elem.dtype
-    for t in batch:
-        if type(t) is not tensor or t.dtype is not dtype:
-            return None
-    buf = _buffer(alloc, (len(batch), *elem.shape), np_dtype)
-    if buf is None:
-        return None
-    out = torch.from_numpy(buf)
-    try:
-        torch.stack(batch, 0, out=out)
-    except RuntimeError:
-        return None
-    return out
-
-
-def _tensor_into(t: torch_types.Tensor, alloc: Allocator) -> torch_types.Tensor:
-    """Copy a small freshly built tensor into an allocated buffer (numbers, numpy scalars)."""
-    torch = _torch_loaded()
-    np_dtype = _dtype_tables(torch)[0].get(t.dtype)
-    if np_dtype is None:
-        return t
-    buf = _buffer(alloc, tuple(t.shape), np_dtype)
-    if buf is None:
-        return t
-    np.copyto(buf, t.numpy())
-    return torch.from_numpy(buf)
-
-
-def _array_into(arr: np.ndarray, alloc: Allocator | None) -> np.ndarray:
-    if alloc is None:
-        return arr
-    buf = _buffer(alloc, arr.shape, arr.dtype)
-    if buf is None:
-        return arr
-    np.copyto(buf, arr)
-    return buf
+    return dtype_tables(torch)[1].get(key)
 
 
 # --------------------------------------------------------------------------- the walker
@@ -421,14 +248,14 @@ def collate_tensor_fn(batch: Sequence[Any], *, collate_fn_map: CollateFnMap | No
             "Batches of nested tensors are not currently supported by the default collate_fn; "
             "please provide a custom collate_fn to handle them appropriately."
         )
-    if elem.layout in _sparse(torch):
+    if elem.layout in sparse_layouts(torch):
         raise RuntimeError(
             "Batches of sparse tensors are not currently supported by the default collate_fn; "
             "pass a collate_fn that handles them"
         )
-    alloc = _allocator.get()
+    alloc = active_allocator.get()
     if alloc is not None:
-        out = _stack_tensors_into(batch, torch, alloc)
+        out = stack_tensors_into(batch, torch, alloc)
         if out is not None:
             return out
     return torch.stack(batch, 0)
@@ -447,28 +274,18 @@ def collate_numpy_array_fn(
         raise _type_error(elem.dtype)
     torch = _load_torch()
     if torch is None:
-        return _numpy_stack(batch, _allocator.get())
-    alloc = _allocator.get()
-    tdtype = _dtype_tables(torch)[1].get(elem.dtype.str)
+        return _numpy_stack(batch, active_allocator.get())
+    alloc = active_allocator.get()
+    tdtype = dtype_tables(torch)[1].get(elem.dtype.str)
     if tdtype is not None and collate_fn_map is not None and _tensor_handler(collate_fn_map) is collate_tensor_fn:
         if alloc is not None:
-            buf = _stack_arrays_into(batch, alloc)
+            buf = stack_arrays_into(batch, alloc)
             if buf is not None:
                 return torch.from_numpy(buf)
         out = _stack_arrays_torch(batch, torch, tdtype)
         if out is not None:
             return out
     return collate([torch.as_tensor(b) for b in batch], collate_fn_map=collate_fn_map)
-
-
-def _arrays_agree(batch: Sequence[Any], *, exact: bool) -> bool:
-    """All numpy arrays (of that very class with ``exact``) of the first one's dtype and shape?"""
-    dtype, shape = batch[0].dtype, batch[0].shape
-    for arr in batch:
-        kind_ok = type(arr) is np.ndarray if exact else isinstance(arr, np.ndarray)
-        if not kind_ok or arr.dtype != dtype or arr.shape != shape:
-            return False
-    return True
 
 
 def _stack_arrays_torch(batch: Sequence[Any], torch: ModuleType, tdtype: Any) -> Any:
@@ -479,7 +296,7 @@ def _stack_arrays_torch(batch: Sequence[Any], torch: ModuleType, tdtype: Any) ->
     32 float32 3x224x224 images. The values, dtype and shape are torch's, contiguous; as
     with every batch conveyor builds through numpy, the storage cannot be resized
     (``resize_``)."""
-    if not _arrays_agree(batch, exact=True):
+    if not arrays_agree(batch, exact=True):
         return None
     out = torch.empty((len(batch), *batch[0].shape), dtype=tdtype)
     np.stack(batch, out=out.numpy())
@@ -502,10 +319,10 @@ def collate_numpy_scalar_fn(
     """
     torch = _load_torch()
     if torch is None:
-        return _array_into(_numpy_scalars(batch), _allocator.get())
+        return array_into(_numpy_scalars(batch), active_allocator.get())
     out = torch.as_tensor(batch)
-    alloc = _allocator.get()
-    return out if alloc is None else _tensor_into(out, alloc)
+    alloc = active_allocator.get()
+    return out if alloc is None else tensor_into(out, torch, alloc)
 
 
 def collate_float_fn(batch: Sequence[Any], *, collate_fn_map: CollateFnMap | None = None) -> Any:
@@ -516,10 +333,10 @@ def collate_float_fn(batch: Sequence[Any], *, collate_fn_map: CollateFnMap | Non
     """
     torch = _load_torch()
     if torch is None:
-        return _array_into(_numpy_floats(batch), _allocator.get())
+        return array_into(_numpy_floats(batch), active_allocator.get())
     out = torch.tensor(batch, dtype=torch.float64)
-    alloc = _allocator.get()
-    return out if alloc is None else _tensor_into(out, alloc)
+    alloc = active_allocator.get()
+    return out if alloc is None else tensor_into(out, torch, alloc)
 
 
 def collate_int_fn(batch: Sequence[Any], *, collate_fn_map: CollateFnMap | None = None) -> Any:
@@ -530,10 +347,10 @@ def collate_int_fn(batch: Sequence[Any], *, collate_fn_map: CollateFnMap | None 
     """
     torch = _load_torch()
     if torch is None:
-        return _array_into(_numpy_ints(batch), _allocator.get())
+        return array_into(_numpy_ints(batch), active_allocator.get())
     out = torch.tensor(batch)
-    alloc = _allocator.get()
-    return out if alloc is None else _tensor_into(out, alloc)
+    alloc = active_allocator.get()
+    return out if alloc is None else tensor_into(out, torch, alloc)
 
 
 def collate_str_fn(batch: Sequence[Any], *, collate_fn_map: CollateFnMap | None = None) -> Any:
@@ -550,7 +367,7 @@ def collate_str_fn(batch: Sequence[Any], *, collate_fn_map: CollateFnMap | None 
 
 def _numpy_stack(batch: Sequence[Any], alloc: Allocator | None) -> np.ndarray:
     if alloc is not None:
-        buf = _stack_arrays_into(batch, alloc)
+        buf = stack_arrays_into(batch, alloc)
         if buf is not None:
             return buf
     if any(type(arr) is not np.ndarray for arr in batch):
@@ -608,23 +425,6 @@ def numpy_collate_tensor_fn(
     return collate([tensor_to_numpy(t) for t in batch], collate_fn_map=collate_fn_map)
 
 
-def tensor_to_numpy(t: Any) -> np.ndarray:
-    """A tensor as a numpy array: no copy for a plain CPU tensor; detached, moved to the CPU,
-    and widened where numpy lacks the dtype (bfloat16 -> float32) otherwise.
-
-    >>> import torch
-    >>> tensor_to_numpy(torch.ones(2, dtype=torch.bfloat16, requires_grad=True)).dtype
-    dtype('float32')
-    """
-    t = t.detach()
-    if t.device.type != "cpu":
-        t = t.cpu()
-    try:
-        return t.numpy()
-    except TypeError:
-        return t.float().numpy()
-
-
 def numpy_collate_array_fn(
     batch: Sequence[Any], *, collate_fn_map: CollateFnMap | None = None
 ) -> Any:
@@ -636,7 +436,7 @@ def numpy_collate_array_fn(
     elem = batch[0]
     if elem.dtype.kind in "SUO":
         raise _type_error(elem.dtype)
-    return _numpy_stack(batch, _allocator.get())
+    return _numpy_stack(batch, active_allocator.get())
 
 
 def numpy_collate_scalar_fn(
@@ -647,7 +447,7 @@ def numpy_collate_scalar_fn(
     >>> numpy_collate_scalar_fn([np.int8(1), np.int8(2)]).dtype
     dtype('int8')
     """
-    return _array_into(_numpy_scalars(batch), _allocator.get())
+    return array_into(_numpy_scalars(batch), active_allocator.get())
 
 
 def numpy_collate_float_fn(
@@ -658,7 +458,7 @@ def numpy_collate_float_fn(
     >>> numpy_collate_float_fn([1.0, 2.0]).dtype
     dtype('float64')
     """
-    return _array_into(_numpy_floats(batch), _allocator.get())
+    return array_into(_numpy_floats(batch), active_allocator.get())
 
 
 def numpy_collate_int_fn(
@@ -669,7 +469,7 @@ def numpy_collate_int_fn(
     >>> numpy_collate_int_fn([1, 2]).dtype
     dtype('int64')
     """
-    return _array_into(_numpy_ints(batch), _allocator.get())
+    return array_into(_numpy_ints(batch), active_allocator.get())
 
 
 _NUMPY_SCALARS = (np.bool_, np.number, np.object_)
