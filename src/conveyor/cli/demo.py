@@ -22,10 +22,11 @@ from ..errors import SlowSettingWarning
 from ..report import plot_sweep, plot_timeline, report
 from ..stats import write_trace
 from .common import sweeping, table
-from .diabetes import BATCH, FEATURES, LR, Diabetes
+from .diabetes import FEATURES, Diabetes
 
 __all__ = ["EXPERIMENT", "run"]
 
+BATCH, LR = 32, 0.01  # the tutorial's batch size and learning rate
 EXPERIMENT = ("the diabetes example of a published PyTorch DataLoader tutorial, in which every added "
               "worker made training slower")
 

@@ -13,9 +13,9 @@ import numpy as np
 
 from .. import _torch
 
-__all__ = ["BATCH", "FEATURES", "LR", "ROWS", "Diabetes", "make_diabetes"]
+__all__ = ["FEATURES", "ROWS", "Diabetes", "make_diabetes"]
 
-ROWS, FEATURES, BATCH, LR = 759, 8, 32, 0.01
+ROWS, FEATURES = 759, 8
 
 
 def make_diabetes(rows: int = ROWS, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
