@@ -22,7 +22,8 @@ from __future__ import annotations
 
 import copy
 import sys
-from collections.abc import Mapping, MutableMapping, MutableSequence, Sequence
+from collections.abc import Callable, Mapping, MutableMapping, MutableSequence, Sequence
+from contextvars import ContextVar
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -30,18 +31,7 @@ import numpy as np
 
 from conveyor import _torch
 
-from .allocator import (
-    Allocator,
-    active_allocator,
-    array_into,
-    arrays_agree,
-    current_allocator,
-    stack_arrays_into,
-    stack_tensors_into,
-    tensor_into,
-    use_allocator,
-)
-from .tensors import AnyTensor, dtype_tables, sparse_layouts, tensor_to_numpy
+from .tensors import AnyTensor, dtype_tables, numpy_dtype_to_torch, sparse_layouts, tensor_to_numpy, torch_dtype_to_numpy
 
 if TYPE_CHECKING:
     import torch as torch_types
@@ -83,6 +73,8 @@ class CollateFn(Protocol):
 
 
 CollateFnMap = Mapping[type | tuple[type, ...], CollateFn]
+Allocator = Callable[[tuple[int, ...], np.dtype], np.ndarray | None]
+"""``alloc(shape, dtype)`` returns a writable C-contiguous array of that shape and dtype, or None"""
 
 
 # --------------------------------------------------------------------------- torch, lazily
@@ -107,33 +99,134 @@ def _torch_loaded() -> ModuleType:
     return mod
 
 
-# --------------------------------------------------------------------------- dtypes
+# --------------------------------------------------------------------------- allocator
+
+_allocator: ContextVar[Allocator | None] = ContextVar("conveyor_collate_allocator", default=None)
 
 
-def torch_dtype_to_numpy(dtype: torch_types.dtype) -> np.dtype | None:
-    """The numpy dtype that shares ``dtype``'s memory layout, or None (bfloat16, ...).
+class use_allocator:  # noqa: N801 - used as a function: ``with use_allocator(alloc):``
+    """Make every stacked leaf collated in this context ask ``alloc`` for its buffer.
 
-    >>> import torch
-    >>> torch_dtype_to_numpy(torch.float32)
-    dtype('float32')
+    ``alloc(shape, dtype)`` is called once per stacked leaf with the full batch
+    shape (batch size first); it returns a writable C-contiguous array of that
+    shape and dtype, or None to allocate as usual. ``None`` switches it off. An
+    allocator with a ``min_bytes`` attribute is not asked for smaller leaves.
+    (A class, not a generator: workers enter it once a batch, and a
+    ``@contextmanager`` costs ~1.5 us.)
+
+    >>> with use_allocator(lambda shape, dtype: np.empty(shape, dtype)):
+    ...     batch = default_collate([np.zeros(3), np.ones(3)])
     """
-    return dtype_tables(_torch_loaded())[0].get(dtype)
+
+    __slots__ = ("alloc", "token")
+
+    def __init__(self, alloc: Allocator | None) -> None:
+        self.alloc = alloc
+        self.token: Any = None
+
+    def __enter__(self) -> None:
+        self.token = _allocator.set(self.alloc)
+
+    def __exit__(self, *exc: object) -> None:
+        _allocator.reset(self.token)
 
 
-def numpy_dtype_to_torch(dtype: np.dtype | type | str) -> torch_types.dtype | None:
-    """The torch dtype for a native-byte-order numpy dtype, or None (also without torch).
+def current_allocator() -> Allocator | None:
+    """The allocator set by the innermost ``use_allocator``, or None.
 
-    >>> numpy_dtype_to_torch(np.int64)
-    torch.int64
+    >>> current_allocator() is None
+    True
     """
-    torch = _load_torch()
-    if torch is None:
+    return _allocator.get()
+
+
+def _buffer(alloc: Allocator, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray | None:
+    buf = alloc(shape, dtype)
+    if buf is None:
         return None
+    if (
+        not isinstance(buf, np.ndarray)
+        or buf.shape != shape
+        or buf.dtype != dtype
+        or not buf.flags.c_contiguous
+        or not buf.flags.writeable
+    ):
+        got = f"{type(buf).__name__} {getattr(buf, 'shape', '?')} {getattr(buf, 'dtype', '?')}"
+        raise ValueError(
+            f"allocator must return a writable C-contiguous array of shape {shape} "
+            f"and dtype {dtype}, or None; got {got}"
+        )
+    return buf
+
+
+def _stack_arrays_into(batch: Sequence[Any], alloc: Allocator) -> np.ndarray | None:
+    """np.stack into an allocated buffer, or None when the arrays do not all agree."""
+    elem = batch[0]
+    dtype, shape = elem.dtype, elem.shape
+    floor = getattr(alloc, "min_bytes", 0)
+    if floor and elem.nbytes * len(batch) < floor:
+        return None
+    if not _arrays_agree(batch, exact=False):
+        return None
+    buf = _buffer(alloc, (len(batch), *shape), dtype)
+    if buf is None:
+        return None
+    np.stack(batch, out=buf)
+    return buf
+
+
+def _stack_tensors_into(
+    batch: Sequence[Any], torch: ModuleType, alloc: Allocator
+) -> torch_types.Tensor | None:
+    """torch.stack into an allocated buffer, or None when that could differ from plain stack."""
+    elem = batch[0]
+    # an allocator may say which leaves it never takes: skip every other check for those
+    floor = getattr(alloc, "min_bytes", 0)
+    if floor and elem.nbytes * len(batch) < floor:
+        return None
+    np_dtype = dtype_tables(torch)[0].get(elem.dtype)
+    if np_dtype is None or not elem.is_cpu or elem.layout is not torch.strided:
+        return None
+    # A stack into ``out`` casts to the buffer's dtype where a plain stack would promote,
+    # and subclasses may wrap the result: only exact tensors of one dtype go this way.
+    # Other differences (shapes, devices, autograd) make ``stack(out=)`` raise; then the
+    # plain stack below decides, so results and errors stay those of torch.
+    tensor, dtype = torch.Tensor, elem.dtype
+    for t in batch:
+        if type(t) is not tensor or t.dtype is not dtype:
+            return None
+    buf = _buffer(alloc, (len(batch), *elem.shape), np_dtype)
+    if buf is None:
+        return None
+    out = torch.from_numpy(buf)
     try:
-        key = np.dtype(dtype).str
-    except TypeError:
+        torch.stack(batch, 0, out=out)
+    except RuntimeError:
         return None
-    return dtype_tables(torch)[1].get(key)
+    return out
+
+
+def _tensor_into(t: torch_types.Tensor, alloc: Allocator) -> torch_types.Tensor:
+    """Copy a small freshly built tensor into an allocated buffer (numbers, numpy scalars)."""
+    torch = _torch_loaded()
+    np_dtype = dtype_tables(torch)[0].get(t.dtype)
+    if np_dtype is None:
+        return t
+    buf = _buffer(alloc, tuple(t.shape), np_dtype)
+    if buf is None:
+        return t
+    np.copyto(buf, t.numpy())
+    return torch.from_numpy(buf)
+
+
+def _array_into(arr: np.ndarray, alloc: Allocator | None) -> np.ndarray:
+    if alloc is None:
+        return arr
+    buf = _buffer(alloc, arr.shape, arr.dtype)
+    if buf is None:
+        return arr
+    np.copyto(buf, arr)
+    return buf
 
 
 # --------------------------------------------------------------------------- the walker
@@ -253,9 +346,9 @@ def collate_tensor_fn(batch: Sequence[Any], *, collate_fn_map: CollateFnMap | No
             "Batches of sparse tensors are not currently supported by the default collate_fn; "
             "pass a collate_fn that handles them"
         )
-    alloc = active_allocator.get()
+    alloc = _allocator.get()
     if alloc is not None:
-        out = stack_tensors_into(batch, torch, alloc)
+        out = _stack_tensors_into(batch, torch, alloc)
         if out is not None:
             return out
     return torch.stack(batch, 0)
@@ -274,18 +367,28 @@ def collate_numpy_array_fn(
         raise _type_error(elem.dtype)
     torch = _load_torch()
     if torch is None:
-        return _numpy_stack(batch, active_allocator.get())
-    alloc = active_allocator.get()
+        return _numpy_stack(batch, _allocator.get())
+    alloc = _allocator.get()
     tdtype = dtype_tables(torch)[1].get(elem.dtype.str)
     if tdtype is not None and collate_fn_map is not None and _tensor_handler(collate_fn_map) is collate_tensor_fn:
         if alloc is not None:
-            buf = stack_arrays_into(batch, alloc)
+            buf = _stack_arrays_into(batch, alloc)
             if buf is not None:
                 return torch.from_numpy(buf)
         out = _stack_arrays_torch(batch, torch, tdtype)
         if out is not None:
             return out
     return collate([torch.as_tensor(b) for b in batch], collate_fn_map=collate_fn_map)
+
+
+def _arrays_agree(batch: Sequence[Any], *, exact: bool) -> bool:
+    """All numpy arrays (of that very class with ``exact``) of the first one's dtype and shape?"""
+    dtype, shape = batch[0].dtype, batch[0].shape
+    for arr in batch:
+        kind_ok = type(arr) is np.ndarray if exact else isinstance(arr, np.ndarray)
+        if not kind_ok or arr.dtype != dtype or arr.shape != shape:
+            return False
+    return True
 
 
 def _stack_arrays_torch(batch: Sequence[Any], torch: ModuleType, tdtype: Any) -> Any:
@@ -296,7 +399,7 @@ def _stack_arrays_torch(batch: Sequence[Any], torch: ModuleType, tdtype: Any) ->
     32 float32 3x224x224 images. The values, dtype and shape are torch's, contiguous; as
     with every batch conveyor builds through numpy, the storage cannot be resized
     (``resize_``)."""
-    if not arrays_agree(batch, exact=True):
+    if not _arrays_agree(batch, exact=True):
         return None
     out = torch.empty((len(batch), *batch[0].shape), dtype=tdtype)
     np.stack(batch, out=out.numpy())
@@ -319,10 +422,10 @@ def collate_numpy_scalar_fn(
     """
     torch = _load_torch()
     if torch is None:
-        return array_into(_numpy_scalars(batch), active_allocator.get())
+        return _array_into(_numpy_scalars(batch), _allocator.get())
     out = torch.as_tensor(batch)
-    alloc = active_allocator.get()
-    return out if alloc is None else tensor_into(out, torch, alloc)
+    alloc = _allocator.get()
+    return out if alloc is None else _tensor_into(out, alloc)
 
 
 def collate_float_fn(batch: Sequence[Any], *, collate_fn_map: CollateFnMap | None = None) -> Any:
@@ -333,10 +436,10 @@ def collate_float_fn(batch: Sequence[Any], *, collate_fn_map: CollateFnMap | Non
     """
     torch = _load_torch()
     if torch is None:
-        return array_into(_numpy_floats(batch), active_allocator.get())
+        return _array_into(_numpy_floats(batch), _allocator.get())
     out = torch.tensor(batch, dtype=torch.float64)
-    alloc = active_allocator.get()
-    return out if alloc is None else tensor_into(out, torch, alloc)
+    alloc = _allocator.get()
+    return out if alloc is None else _tensor_into(out, alloc)
 
 
 def collate_int_fn(batch: Sequence[Any], *, collate_fn_map: CollateFnMap | None = None) -> Any:
@@ -347,10 +450,10 @@ def collate_int_fn(batch: Sequence[Any], *, collate_fn_map: CollateFnMap | None 
     """
     torch = _load_torch()
     if torch is None:
-        return array_into(_numpy_ints(batch), active_allocator.get())
+        return _array_into(_numpy_ints(batch), _allocator.get())
     out = torch.tensor(batch)
-    alloc = active_allocator.get()
-    return out if alloc is None else tensor_into(out, torch, alloc)
+    alloc = _allocator.get()
+    return out if alloc is None else _tensor_into(out, alloc)
 
 
 def collate_str_fn(batch: Sequence[Any], *, collate_fn_map: CollateFnMap | None = None) -> Any:
@@ -367,7 +470,7 @@ def collate_str_fn(batch: Sequence[Any], *, collate_fn_map: CollateFnMap | None 
 
 def _numpy_stack(batch: Sequence[Any], alloc: Allocator | None) -> np.ndarray:
     if alloc is not None:
-        buf = stack_arrays_into(batch, alloc)
+        buf = _stack_arrays_into(batch, alloc)
         if buf is not None:
             return buf
     if any(type(arr) is not np.ndarray for arr in batch):
@@ -436,7 +539,7 @@ def numpy_collate_array_fn(
     elem = batch[0]
     if elem.dtype.kind in "SUO":
         raise _type_error(elem.dtype)
-    return _numpy_stack(batch, active_allocator.get())
+    return _numpy_stack(batch, _allocator.get())
 
 
 def numpy_collate_scalar_fn(
@@ -447,7 +550,7 @@ def numpy_collate_scalar_fn(
     >>> numpy_collate_scalar_fn([np.int8(1), np.int8(2)]).dtype
     dtype('int8')
     """
-    return array_into(_numpy_scalars(batch), active_allocator.get())
+    return _array_into(_numpy_scalars(batch), _allocator.get())
 
 
 def numpy_collate_float_fn(
@@ -458,7 +561,7 @@ def numpy_collate_float_fn(
     >>> numpy_collate_float_fn([1.0, 2.0]).dtype
     dtype('float64')
     """
-    return array_into(_numpy_floats(batch), active_allocator.get())
+    return _array_into(_numpy_floats(batch), _allocator.get())
 
 
 def numpy_collate_int_fn(
@@ -469,7 +572,7 @@ def numpy_collate_int_fn(
     >>> numpy_collate_int_fn([1, 2]).dtype
     dtype('int64')
     """
-    return array_into(_numpy_ints(batch), active_allocator.get())
+    return _array_into(_numpy_ints(batch), _allocator.get())
 
 
 _NUMPY_SCALARS = (np.bool_, np.number, np.object_)

@@ -2,6 +2,7 @@
 layout, a tensor as a numpy array, and a registry key that stands for ``torch.Tensor``.
 
     dtype_tables(torch) --> ({torch dtype: numpy dtype}, {numpy dtype.str: torch dtype})
+    torch_dtype_to_numpy(dtype), numpy_dtype_to_torch(dtype): one dtype at a time
     tensor_to_numpy(t)  --> np.ndarray (no copy for a plain CPU tensor)
     AnyTensor           --> isinstance(x, AnyTensor) is isinstance(x, torch.Tensor), torch unimported
 """
@@ -10,13 +11,17 @@ from __future__ import annotations
 
 import abc
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from conveyor import _torch
 
-__all__ = ["AnyTensor", "dtype_tables", "sparse_layouts", "tensor_to_numpy"]
+if TYPE_CHECKING:
+    import torch as torch_types
+
+__all__ = ["AnyTensor", "dtype_tables", "numpy_dtype_to_torch", "sparse_layouts", "tensor_to_numpy",
+           "torch_dtype_to_numpy"]
 
 
 class AnyTensor(abc.ABC):
@@ -78,6 +83,33 @@ def dtype_tables(torch: ModuleType) -> tuple[dict[Any, np.dtype], dict[str, Any]
             n2t[ndt.str] = tdt
         _torch_to_numpy, _numpy_to_torch = t2n, n2t
     return _torch_to_numpy, _numpy_to_torch
+
+
+def torch_dtype_to_numpy(dtype: torch_types.dtype) -> np.dtype | None:
+    """The numpy dtype that shares ``dtype``'s memory layout, or None (bfloat16, ...).
+
+    >>> import torch
+    >>> torch_dtype_to_numpy(torch.float32)
+    dtype('float32')
+    """
+    torch = _torch.loaded()
+    return None if torch is None else dtype_tables(torch)[0].get(dtype)
+
+
+def numpy_dtype_to_torch(dtype: np.dtype | type | str) -> torch_types.dtype | None:
+    """The torch dtype for a native-byte-order numpy dtype, or None (also without torch).
+
+    >>> numpy_dtype_to_torch(np.int64)
+    torch.int64
+    """
+    torch = _torch.get()
+    if torch is None:
+        return None
+    try:
+        key = np.dtype(dtype).str
+    except TypeError:
+        return None
+    return dtype_tables(torch)[1].get(key)
 
 
 def tensor_to_numpy(t: Any) -> np.ndarray:
