@@ -30,6 +30,8 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset, TensorDataset, default_collate
 
+from conveyor.cli.diabetes import Diabetes, make_diabetes
+
 __all__ = ["SCENARIOS", "Scenario", "Setup", "Skip"]
 
 BASE_LOADERS = ("torch0", "torch2", "torchdata2", "grain2", "spdl2",
@@ -98,30 +100,7 @@ def busy(seconds: float) -> None:
 
 
 # ---------------------------------------------------------------- diabetes
-
-def diabetes_arrays() -> tuple[np.ndarray, np.ndarray]:
-    """759 x 8 float32 features in [-1, 1] and 0/1 labels (the seed's shape)."""
-    rng = np.random.default_rng(0)
-    x = rng.uniform(-1.0, 1.0, size=(759, 8)).astype(np.float32)
-    w = rng.normal(size=8).astype(np.float32)
-    y = (x @ w > 0).astype(np.float32)[:, None]
-    return x, y
-
-
-class Diabetes(Dataset):
-    """The seed's DiabetesDataset: tensors held whole, ``(x[i], y[i])`` per index."""
-
-    def __init__(self) -> None:
-        x, y = diabetes_arrays()
-        self.x = torch.from_numpy(x)
-        self.y = torch.from_numpy(y)
-
-    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.x[index], self.y[index]
-
-    def __len__(self) -> int:
-        return len(self.x)
-
+# the data is conveyor demo's (conveyor.cli.diabetes): 759 x 8 float32 + a 0/1 label, tensors held whole
 
 class Model(torch.nn.Module):
     """The seed's 8-6-4-1 sigmoid MLP."""
@@ -161,15 +140,15 @@ def train_step() -> Callable[[Any], None]:
 
 
 def build_diabetes(family: str, quick: bool) -> Setup:
-    return Setup(Diabetes(), batch_size=32, epochs=2 if quick else 10)
+    return Setup(Diabetes(tensors=True), batch_size=32, epochs=2 if quick else 10)
 
 
 def build_diabetes_train(family: str, quick: bool) -> Setup:
-    return Setup(Diabetes(), batch_size=32, epochs=2 if quick else 10, step=train_step())
+    return Setup(Diabetes(tensors=True), batch_size=32, epochs=2 if quick else 10, step=train_step())
 
 
 def build_diabetes_array(family: str, quick: bool) -> Setup:
-    x, y = diabetes_arrays()
+    x, y = make_diabetes()
     if family == "conveyor":
         try:
             from conveyor import ArrayDataset

@@ -14,9 +14,11 @@ import conveyor.loader
 import conveyor.placement.probe
 import conveyor.pool
 import conveyor.epoch
+import conveyor.placement.machine
+import conveyor.placement.tuner
 from conveyor import DataLoader
 from conveyor.executors.task import Result, Task
-from conveyor.tuning import Decision, Tuner
+from conveyor.placement import Decision, Tuner
 from helpers import children
 
 
@@ -381,7 +383,7 @@ def test_the_choice_can_be_pinned() -> None:
         assert again.stats()["fetch_threads"] == pinned["fetch_threads"]
 
 
-class _Told(conveyor.tuning.Tuner):
+class _Told(conveyor.placement.Tuner):
     """A real tuner (its thread steering included) whose model says what the test tells it."""
 
     def __init__(self) -> None:
@@ -392,8 +394,8 @@ class _Told(conveyor.tuning.Tuner):
     def measuring(self) -> bool:
         return False
 
-    def decision(self) -> "conveyor.tuning.Decision":
-        return conveyor.tuning.Decision(2, self.wanted, 2, "told", False)
+    def decision(self) -> "conveyor.placement.Decision":
+        return conveyor.placement.Decision(2, self.wanted, 2, "told", False)
 
 
 def test_a_thread_cut_that_costs_throughput_is_undone(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -404,7 +406,7 @@ def test_a_thread_cut_that_costs_throughput_is_undone(monkeypatch: pytest.Monkey
     pool.tuner = told = _Told()
     pool.threads = 64
     clock = iter(float(x) for x in range(100))
-    monkeypatch.setattr(conveyor.tuning.time, "perf_counter", lambda: next(clock))
+    monkeypatch.setattr(conveyor.placement.tuner.time, "perf_counter", lambda: next(clock))
     try:
         told.wanted = 8  # the model asks for fewer threads, twice: the second time it is tried
         pool.retune({"batches": 8})     # first window: no rate yet; one vote for fewer
@@ -1013,7 +1015,7 @@ def test_the_ram_budget_is_read_before_any_worker_starts(monkeypatch: pytest.Mon
         reads.append(len(children()))  # (multiprocessing's own helpers left out)
         return 8 << 30
 
-    monkeypatch.setattr(conveyor.tuning, "ram_budget", budget)
+    monkeypatch.setattr(conveyor.placement.machine, "ram_budget", budget)
     with DataLoader(Waits(), batch_size=16, num_workers="auto", output="numpy") as loader:
         assert sum(len(b) for b in loader) == len(Waits())
         started = loader.stats()["workers_started"]
@@ -1081,7 +1083,7 @@ def test_workers_that_cost_more_to_start_than_an_epoch_takes_are_not_started_aga
 def test_ranks_that_leave_no_core_start_workers_only_for_batches_that_wait(monkeypatch: pytest.MonkeyPatch) -> None:
     # 4 DDP ranks on 2 cores, a computing dataset: "auto" started a worker a rank, which took
     # the training loop's core (1.02-1.08 s where no workers took 0.81)
-    monkeypatch.setenv("LOCAL_WORLD_SIZE", str(2 * conveyor.tuning.usable_cores()))
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", str(2 * conveyor.placement.usable_cores()))
     with DataLoader(Computes(), batch_size=8, num_workers="auto", output="numpy") as loader:
         got = _all(loader)
         chosen = loader.tuning()

@@ -17,9 +17,10 @@ import numpy as np
 import pytest
 
 import conveyor as conveyor_pkg
-from conveyor import cli
+from conveyor import _torch, cli
+from conveyor.cli import demo, tune
 
-SRC = str(Path(cli.__file__).resolve().parents[1])
+SRC = str(Path(conveyor_pkg.__file__).resolve().parents[1])
 
 
 def conveyor(*args: str, cwd: Path, timeout: float) -> subprocess.CompletedProcess[str]:
@@ -251,7 +252,7 @@ def test_builtin_data_is_deterministic_and_seed_shaped() -> None:
 
 def test_numpy_mlp_learns() -> None:
     x, y = cli.make_diabetes()
-    step = cli._numpy_step()
+    step = demo._numpy_step()
     first = [step(x[i:i + 32], y[i:i + 32]) for i in range(0, 759, 32)]
     for _ in range(30):
         last = [step(x[i:i + 32], y[i:i + 32]) for i in range(0, 759, 32)]
@@ -261,7 +262,7 @@ def test_numpy_mlp_learns() -> None:
 @pytest.mark.timeout(120)
 def test_demo_without_torch_uses_numpy(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
                                        capsys: pytest.CaptureFixture[str]) -> None:
-    monkeypatch.setattr(cli._torch, "available", lambda: False)
+    monkeypatch.setattr(_torch, "available", lambda: False)
     assert cli.main(["demo", "--workers", "0", "--epochs", "1", "--out", str(tmp_path)]) == 0
     text = capsys.readouterr().out
     assert "torch is not installed" in text
@@ -280,7 +281,7 @@ def test_demo_settings_take_their_runs_in_turn() -> None:
             return [([1, 2], [0, 1])]
         return loader
 
-    results = cli._fastest_each([make("a"), make("b")], 3, 1, lambda: (lambda x, y: 0.0))
+    results = demo._fastest_each([make("a"), make("b")], 3, 1, lambda: (lambda x, y: 0.0))
     assert order == ["a", "b"] * 3
     assert [len(seconds) for _, seconds in results] == [3, 3]
     assert all(best[0]["samples"] == 2 for best, _ in results)
@@ -315,7 +316,7 @@ def test_tune_says_plainly_when_the_users_module_fails_to_import(tmp_path: Path,
     (object(), 7),
 ])
 def test_tune_counts_the_samples_of_a_batch_whatever_its_first_field(batch: object, n: int) -> None:
-    assert cli._batch_len(batch, 7) == n
+    assert tune._batch_len(batch, 7) == n
 
 
 @pytest.mark.timeout(120)

@@ -480,7 +480,7 @@ def test_weighted_without_replacement_fast_and_valid() -> None:
 def test_weighted_without_replacement_distribution(blocked: bool, monkeypatch: pytest.MonkeyPatch) -> None:
     w = np.array([1.0, 2.0, 0.0, 3.0, 4.0])
     if blocked:  # small blocks exercise the path used for a few draws from very many weights
-        monkeypatch.setattr(samplers, "NP_BLOCK", 4)
+        monkeypatch.setattr(samplers.random, "NP_BLOCK", 4)
         w = np.concatenate([np.zeros(7), w, np.zeros(6)])
     trials = 2000
     first = np.zeros(len(w))

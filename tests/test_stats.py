@@ -13,6 +13,7 @@ import pytest
 
 import conveyor
 import conveyor.placement.probe
+import conveyor.loader
 from conveyor.report import plot_sweep, plot_timeline, report, workers_needed
 from conveyor.stats import Stats, trace_events, write_trace
 

@@ -10,8 +10,9 @@ from unittest import mock
 
 import pytest
 
-import conveyor.tuning
-from conveyor.tuning import Decision, Tuner, cpu_budget, ram_budget
+import conveyor.placement.machine
+import conveyor.placement.tuner
+from conveyor.placement import Decision, Tuner, cpu_budget, ram_budget
 
 GiB = 2**30
 
@@ -92,7 +93,7 @@ def tune(work: Workload, *, ram: int | None = None, every: int = 8, limit: int =
     tuner = Tuner(cpu=work.cores, ram=ram, workers=workers)
     sim = Sim(work, start)
     seen = 0
-    with mock.patch.object(conveyor.tuning.time, "perf_counter", lambda: sim.clock):
+    with mock.patch.object(conveyor.placement.tuner.time, "perf_counter", lambda: sim.clock):
         while seen < limit:
             tuner.observe(sim.run(every))
             seen += every
@@ -324,7 +325,7 @@ def test_fetch_threads_that_crowd_each_other_are_cut_to_what_fetches_as_much() -
     tuner.note_waiting(0.003)
     _fetching(tuner, 64, 0.040)
     d = tuner.decision()
-    assert d.fetch_threads == math.ceil(64 * conveyor.tuning.CROWD_MARGIN / (0.040 / 0.003)), d
+    assert d.fetch_threads == math.ceil(64 * conveyor.placement.tuner.CROWD_MARGIN / (0.040 / 0.003)), d
     assert "as long as one alone" in d.reason and tuner._crowded
     # the same fetch times without knowing what one took alone: nothing says they crowd
     blind = Tuner(cpu=2, ram=None, start=Decision(2, 64, 2))
@@ -348,7 +349,7 @@ def test_a_full_core_of_fetches_as_fast_as_alone_is_not_cut_by_half() -> None:
 
 
 def test_a_cut_of_crowding_threads_is_judged_by_how_fast_each_fetch_then_is() -> None:
-    from conveyor.tuning import ThreadSteer
+    from conveyor.placement import ThreadSteer
 
     def cut(after: list[float]) -> tuple[list[int], int]:
         s = ThreadSteer()
@@ -404,7 +405,7 @@ def test_ram_budget_is_bytes_none_or_auto() -> None:
 def test_ranks_of_one_machine_share_its_cores_and_memory(monkeypatch: pytest.MonkeyPatch) -> None:
     # under DDP each rank's "auto" took every core and half the memory: 4 ranks on 2 cores
     # ran 2 workers each, and read the starved workers as waiting on storage
-    tuning = conveyor.tuning
+    tuning = conveyor.placement.machine
     monkeypatch.setattr(tuning, "usable_cores", lambda: 8)
     monkeypatch.setattr(tuning, "cgroup_cpus", lambda: None)  # (a quota: the next test)
     monkeypatch.setattr(tuning.os, "cpu_count", lambda: 8)
@@ -457,7 +458,7 @@ def test_a_cgroup_cpu_quota_is_read(tmp_path: Path, table: str, files: dict[str,
     # docker --cpus and Kubernetes CPU limits leave the affinity listing every host core:
     # "auto" forked a worker per host core into a container allowed one or two
     root, path = _cgroups(tmp_path, table, files)
-    assert conveyor.tuning.cgroup_cpus(root, path) == cpus
+    assert conveyor.placement.machine.cgroup_cpus(root, path) == cpus
 
 
 @pytest.mark.parametrize("table, files, free", [
@@ -469,11 +470,11 @@ def test_a_cgroup_cpu_quota_is_read(tmp_path: Path, table: str, files: dict[str,
 ])
 def test_a_cgroup_memory_limit_is_read(tmp_path: Path, table: str, files: dict[str, str], free: int | None) -> None:
     root, path = _cgroups(tmp_path, table, files)
-    assert conveyor.tuning.cgroup_free_bytes(root, path) == free
+    assert conveyor.placement.machine.cgroup_free_bytes(root, path) == free
 
 
 def test_a_cgroup_quota_and_limit_bound_what_auto_may_take(monkeypatch: pytest.MonkeyPatch) -> None:
-    tuning = conveyor.tuning
+    tuning = conveyor.placement.machine
     for name in ("LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setattr(tuning, "usable_cores", lambda: 32)  # the host's cores, all in the affinity
@@ -490,7 +491,7 @@ def test_a_cgroup_quota_and_limit_bound_what_auto_may_take(monkeypatch: pytest.M
 
 def test_the_cgroup_quota_is_read_once_a_while_not_at_every_iter(monkeypatch: pytest.MonkeyPatch) -> None:
     # its files cost 0.4-1.1 ms, each "auto" iter() read them: 3% of a 36 ms diabetes run
-    tuning = conveyor.tuning
+    tuning = conveyor.placement.machine
     reads: list[int] = []
 
     def quota() -> float:
@@ -508,10 +509,10 @@ def test_the_cgroup_quota_is_read_once_a_while_not_at_every_iter(monkeypatch: py
 def test_auto_under_ranks_of_one_machine_starts_its_share_of_workers(monkeypatch: pytest.MonkeyPatch) -> None:
     import conveyor.loader
 
-    cores = conveyor.tuning.usable_cores()
+    cores = conveyor.placement.machine.usable_cores()
     monkeypatch.setenv("LOCAL_WORLD_SIZE", str(cores))
     loader = conveyor.DataLoader(list(range(8)), batch_size=2, num_workers="auto")
-    assert conveyor.tuning.cpu_share() == 1 and loader.num_workers == 1  # the most "auto" may start
+    assert conveyor.placement.machine.cpu_share() == 1 and loader.num_workers == 1  # the most "auto" may start
 
 
 def test_fetches_timed_by_threads_ahead_of_their_batch_count_not_the_batch_wall() -> None:
@@ -553,8 +554,8 @@ def test_the_tuner_keeps_a_bounded_history() -> None:
     # a window every few batches, kept for ever: 10,000 of them (3.45 MB) after 40k batches
     tuner = Tuner(cpu=4, ram=None)
     sim = Sim(Workload(0.002, 0.0, 0.01, 4), Decision(2, 1, 2))
-    with mock.patch.object(conveyor.tuning.time, "perf_counter", lambda: sim.clock):
-        for _ in range(conveyor.tuning.WINDOWS_KEPT + 50):
+    with mock.patch.object(conveyor.placement.tuner.time, "perf_counter", lambda: sim.clock):
+        for _ in range(conveyor.placement.tuner.WINDOWS_KEPT + 50):
             tuner.observe(sim.run(4))
-    assert len(tuner.windows) == conveyor.tuning.WINDOWS_KEPT
+    assert len(tuner.windows) == conveyor.placement.tuner.WINDOWS_KEPT
     assert tuner.decision().num_workers >= 1

@@ -20,7 +20,6 @@ batch needs it, never at import time.
 
 from __future__ import annotations
 
-import abc
 import copy
 import sys
 from collections.abc import Callable, Mapping, MutableMapping, MutableSequence, Sequence
@@ -31,6 +30,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 
 from conveyor import _torch
+
+from .tensors import AnyTensor, dtype_tables, numpy_dtype_to_torch, sparse_layouts, tensor_to_numpy, torch_dtype_to_numpy
 
 if TYPE_CHECKING:
     import torch as torch_types
@@ -96,87 +97,6 @@ def _torch_loaded() -> ModuleType:
     if mod is _UNSET or mod is None:
         return sys.modules["torch"]
     return mod
-
-
-class AnyTensor(abc.ABC):
-    """Registry key that matches every ``torch.Tensor`` without importing torch.
-
-    >>> isinstance([1], AnyTensor)
-    False
-    """
-
-    @classmethod
-    def __subclasshook__(cls, sub: type) -> bool:
-        torch = _torch.loaded()
-        tensor = getattr(torch, "Tensor", None) if torch is not None else None
-        if isinstance(tensor, type) and issubclass(sub, tensor):
-            return True
-        return NotImplemented
-
-
-_SPARSE_LAYOUT_NAMES = ("sparse_coo", "sparse_csr", "sparse_bsr", "sparse_csc", "sparse_bsc")
-_sparse_layouts: frozenset[Any] | None = None
-
-
-def _sparse(torch: ModuleType) -> frozenset[Any]:
-    global _sparse_layouts
-    if _sparse_layouts is None:
-        _sparse_layouts = frozenset(
-            getattr(torch, name) for name in _SPARSE_LAYOUT_NAMES if hasattr(torch, name)
-        )
-    return _sparse_layouts
-
-
-# --------------------------------------------------------------------------- dtypes
-
-_DTYPE_NAMES = (
-    "bool", "uint8", "int8", "int16", "int32", "int64", "uint16", "uint32", "uint64",
-    "float16", "float32", "float64", "complex64", "complex128",
-)  # fmt: skip
-_torch_to_numpy: dict[Any, np.dtype] | None = None
-_numpy_to_torch: dict[str, Any] | None = None
-
-
-def _dtype_tables(torch: ModuleType) -> tuple[dict[Any, np.dtype], dict[str, Any]]:
-    global _torch_to_numpy, _numpy_to_torch
-    if _torch_to_numpy is None or _numpy_to_torch is None:
-        t2n: dict[Any, np.dtype] = {}
-        n2t: dict[str, Any] = {}
-        for name in _DTYPE_NAMES:
-            tdt = getattr(torch, name, None)
-            if tdt is None:
-                continue
-            ndt = np.dtype(name)
-            t2n[tdt] = ndt
-            n2t[ndt.str] = tdt
-        _torch_to_numpy, _numpy_to_torch = t2n, n2t
-    return _torch_to_numpy, _numpy_to_torch
-
-
-def torch_dtype_to_numpy(dtype: torch_types.dtype) -> np.dtype | None:
-    """The numpy dtype that shares ``dtype``'s memory layout, or None (bfloat16, ...).
-
-    >>> import torch
-    >>> torch_dtype_to_numpy(torch.float32)
-    dtype('float32')
-    """
-    return _dtype_tables(_torch_loaded())[0].get(dtype)
-
-
-def numpy_dtype_to_torch(dtype: np.dtype | type | str) -> torch_types.dtype | None:
-    """The torch dtype for a native-byte-order numpy dtype, or None (also without torch).
-
-    >>> numpy_dtype_to_torch(np.int64)
-    torch.int64
-    """
-    torch = _load_torch()
-    if torch is None:
-        return None
-    try:
-        key = np.dtype(dtype).str
-    except TypeError:
-        return None
-    return _dtype_tables(torch)[1].get(key)
 
 
 # --------------------------------------------------------------------------- allocator
@@ -264,7 +184,7 @@ def _stack_tensors_into(
     floor = getattr(alloc, "min_bytes", 0)
     if floor and elem.nbytes * len(batch) < floor:
         return None
-    np_dtype = _dtype_tables(torch)[0].get(elem.dtype)
+    np_dtype = dtype_tables(torch)[0].get(elem.dtype)
     if np_dtype is None or not elem.is_cpu or elem.layout is not torch.strided:
         return None
     # A stack into ``out`` casts to the buffer's dtype where a plain stack would promote,
@@ -289,7 +209,7 @@ def _stack_tensors_into(
 def _tensor_into(t: torch_types.Tensor, alloc: Allocator) -> torch_types.Tensor:
     """Copy a small freshly built tensor into an allocated buffer (numbers, numpy scalars)."""
     torch = _torch_loaded()
-    np_dtype = _dtype_tables(torch)[0].get(t.dtype)
+    np_dtype = dtype_tables(torch)[0].get(t.dtype)
     if np_dtype is None:
         return t
     buf = _buffer(alloc, tuple(t.shape), np_dtype)
@@ -421,7 +341,7 @@ def collate_tensor_fn(batch: Sequence[Any], *, collate_fn_map: CollateFnMap | No
             "Batches of nested tensors are not currently supported by the default collate_fn; "
             "please provide a custom collate_fn to handle them appropriately."
         )
-    if elem.layout in _sparse(torch):
+    if elem.layout in sparse_layouts(torch):
         raise RuntimeError(
             "Batches of sparse tensors are not currently supported by the default collate_fn; "
             "pass a collate_fn that handles them"
@@ -449,7 +369,7 @@ def collate_numpy_array_fn(
     if torch is None:
         return _numpy_stack(batch, _allocator.get())
     alloc = _allocator.get()
-    tdtype = _dtype_tables(torch)[1].get(elem.dtype.str)
+    tdtype = dtype_tables(torch)[1].get(elem.dtype.str)
     if tdtype is not None and collate_fn_map is not None and _tensor_handler(collate_fn_map) is collate_tensor_fn:
         if alloc is not None:
             buf = _stack_arrays_into(batch, alloc)
@@ -606,23 +526,6 @@ def numpy_collate_tensor_fn(
     (2, 2)
     """
     return collate([tensor_to_numpy(t) for t in batch], collate_fn_map=collate_fn_map)
-
-
-def tensor_to_numpy(t: Any) -> np.ndarray:
-    """A tensor as a numpy array: no copy for a plain CPU tensor; detached, moved to the CPU,
-    and widened where numpy lacks the dtype (bfloat16 -> float32) otherwise.
-
-    >>> import torch
-    >>> tensor_to_numpy(torch.ones(2, dtype=torch.bfloat16, requires_grad=True)).dtype
-    dtype('float32')
-    """
-    t = t.detach()
-    if t.device.type != "cpu":
-        t = t.cpu()
-    try:
-        return t.numpy()
-    except TypeError:
-        return t.float().numpy()
 
 
 def numpy_collate_array_fn(

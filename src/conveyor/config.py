@@ -19,7 +19,7 @@ from .collate import default_collate, default_convert, numpy_collate
 from .executors.worker import fetches_batches
 from .order import Repeat
 from .samplers import BatchSampler, RandomSampler, Sampler, SequentialSampler
-from .tuning import cpu_share
+from .placement import cpu_share
 from .transport import to_numpy
 
 __all__ = ["resolve", "is_iterable_dataset", "check_start_method", "generator_seed"]

@@ -33,8 +33,8 @@ from .placement.probe import Mode
 from .pool import Pool, pinner
 from .samplers import Sampler
 from .stats import Stats
-from .tuning import no_core_left as _no_core_left
-from .tuning import usable_cores
+from .placement import no_core_left as _no_core_left
+from .placement import usable_cores
 from .transport.recycle import Recycler
 
 __all__ = ["DataLoader", "TooManyFailures", "STATE_VERSION"]

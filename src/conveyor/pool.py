@@ -30,9 +30,9 @@ from .executors.worker import Fetcher, rng_lock
 from .order import reads_ahead_freely
 from .placement import probe
 from .placement.probe import Mode
-from .tuning import IO_BOUND, MAX_THREADS, Tuner
-from .tuning import cpu_share as _cores
-from .tuning import no_core_left as _no_core_left
+from .placement import IO_BOUND, MAX_THREADS, Tuner
+from .placement import cpu_share as _cores
+from .placement import no_core_left as _no_core_left
 
 if TYPE_CHECKING:
     from .loader import DataLoader

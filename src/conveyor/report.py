@@ -21,8 +21,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from .stats import INLINE, LOOP, Stats, _stats_of
-from .tuning import cpu_share
+from .stats import INLINE, LOOP, Stats, stats_of
+from .placement import cpu_share
 
 __all__ = ["plot_sweep", "plot_timeline", "report", "timeline_windows", "workers_lose", "workers_needed"]
 
@@ -497,7 +497,7 @@ def timeline_windows(stats: Stats | Any, batches: int = WINDOW) -> list[tuple[st
     >>> [(label, round(a, 3), round(b, 3)) for label, a, b in timeline_windows(st)]
     [('the start: batches 1-32', 0.0, 0.312), ('steady state: batches 85-116', 0.832, 1.152)]
     """
-    st = _stats_of(stats)
+    st = stats_of(stats)
     t0 = st.started
     handed = [t - t0 for t in _handed_times(st)]
     if not handed:
@@ -566,7 +566,7 @@ def plot_timeline(stats: Stats | Any, path: str | os.PathLike[str], *, setting: 
     >>> plot_timeline(loader, "timeline.png")  # doctest: +SKIP
     """
     plt = _pyplot()
-    st = _stats_of(stats)
+    st = stats_of(stats)
     snapshot = getattr(stats, "stats", None)  # a loader's: its settings (a bare Stats has none)
     snap = snapshot() if callable(snapshot) else {}
     given = _given(stats) if snap else {}

@@ -436,7 +436,12 @@ def _track(worker: int) -> tuple[int, str]:
     return 3 + worker, f"worker {worker}"
 
 
-def _stats_of(source: Any) -> Stats:
+def stats_of(source: Any) -> Stats:
+    """The :class:`Stats` of ``source``: a Stats itself, or a conveyor DataLoader's.
+
+    >>> s = Stats(started=0.0); stats_of(s) is s
+    True
+    """
     if isinstance(source, Stats):
         return source
     inner = getattr(source, "_stats", None)  # a DataLoader
@@ -452,7 +457,7 @@ def trace_events(stats: Stats | Any) -> list[dict[str, Any]]:
     >>> [e["name"] for e in trace_events(s) if e["ph"] == "X"]
     ['fetch']
     """
-    st = _stats_of(stats)
+    st = stats_of(stats)
     pid = os.getpid()
     t0 = st.started
     events: list[dict[str, Any]] = [
@@ -494,7 +499,7 @@ def write_trace(stats: Stats | Any, path: str | os.PathLike[str]) -> Path:
     """
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
-    st = _stats_of(stats)
+    st = stats_of(stats)
     other: dict[str, Any] = {"clock": "time.perf_counter (CLOCK_MONOTONIC)", "generator": "conveyor"}
     dropped = st.trace.dropped
     if dropped:

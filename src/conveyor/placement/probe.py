@@ -23,7 +23,7 @@ import numpy as np
 from .. import _torch
 from .._tree import tree_map
 from ..executors.task import Result
-from ..tuning import ranks_here, usable_cores
+from .machine import ranks_here, usable_cores
 
 __all__ = ["Mode", "Findings", "CpuTimed", "nbytes", "trip_s", "typical", "estimate", "probed_enough",
            "ranks_words", "start_words"]

@@ -22,7 +22,7 @@ import numpy as np
 
 from .. import _torch
 from .._tree import tree_map
-from ..collate import _dtype_tables, tensor_to_numpy
+from ..tensors import dtype_tables, tensor_to_numpy
 from .slots import Views, Writer
 
 __all__ = ["Leaf", "Packed", "encode", "decode", "INLINE_BYTES"]
@@ -223,7 +223,7 @@ def decode(packed: Packed, views: Views, *, output: str) -> Any:
         # of numpy datasets): they stay tensors, as without workers
         torch = _torch.get()
     # numpy dtype string (native order) -> torch dtype: collate's table, built once
-    torch_dtypes = _dtype_tables(torch)[1] if torch is not None else {}
+    torch_dtypes = dtype_tables(torch)[1] if torch is not None else {}
 
     def array(rec: Leaf) -> Any:
         is_tensor, dtype, shape, slot, offset = rec
