@@ -46,7 +46,9 @@ from .executors.reorder import Reorder
 from .executors.sched import runqueue_wait as _runqueue_wait
 from .executors.task import Death, Result, Task
 from .executors.threads import ThreadExecutor
-from .executors.worker import Fetcher, WorkerSpec, fetches_batches, rng_lock
+from .executors.fetcher import Fetcher, fetches_batches
+from .executors.seeding import rng_lock
+from .executors.worker import WorkerSpec
 from .samplers import BatchSampler, RandomSampler, Sampler, SequentialSampler
 from .stats import INLINE, Stats
 from .tuning import IO_BOUND, MAX_THREADS, Tuner

@@ -32,7 +32,8 @@ from ..errors import StartupError, rebuild
 from ..transport import share
 from .base import Event, Ledger, hold_ctrl_c
 from .task import Death, Doorbell, Hello, Inbox, Order, Result, Task, send
-from .worker import WorkerSpec, serve, stack_path
+from .serve import serve, stack_path
+from .worker import WorkerSpec
 
 __all__ = ["ProcessExecutor", "StartupError"]
 
