@@ -420,7 +420,7 @@ def test_process_workers_keep_freed_batch_memory(monkeypatch: pytest.MonkeyPatch
 
 @glibc
 def test_steady_malloc_is_off_when_the_user_tuned_malloc(monkeypatch: pytest.MonkeyPatch) -> None:
-    from conveyor.executors.serve import steady_malloc
+    from conveyor._platform.malloc import steady_malloc
 
     monkeypatch.setenv("MALLOC_TRIM_THRESHOLD_", "131072")
     assert steady_malloc() is False

@@ -37,7 +37,7 @@ from .collate import default_collate, default_convert, numpy_collate
 from .distributed import ShardedIterable, gives_rank_shares, group_world_size, rank_and_world
 from .errors import Failure, SlowSettingWarning, TooManyFailures, capture, rebuild
 from .executors import inherit
-from .executors.base import hold_ctrl_c
+from ._platform.signals import hold_ctrl_c
 from .executors.grouping import Grouping
 from .executors.inline import InlineExecutor
 from .executors.processes import ProcessExecutor, finish_cut_short

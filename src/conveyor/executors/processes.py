@@ -9,10 +9,7 @@ slots freed by the garbage collector ride back on the next order.
 
 from __future__ import annotations
 
-import _thread
-import atexit
 import contextlib
-import gc
 import math
 import multiprocessing as mp
 import os
@@ -28,9 +25,11 @@ from collections.abc import Callable
 from typing import Any
 
 from .. import transport
+from .._platform import gc_freeze, process
+from .._platform.signals import hold_ctrl_c
 from ..errors import StartupError, rebuild
 from ..transport import share
-from .base import Event, Ledger, hold_ctrl_c
+from .base import Event, Ledger
 from .task import Death, Doorbell, Hello, Inbox, Order, Result, Task, send
 from .serve import serve, stack_path
 from .worker import WorkerSpec
@@ -254,9 +253,9 @@ class ProcessExecutor:
         )
         if self.method == "fork" and not self.froze:
             self.froze = True
-            _freeze(self.collect)
+            gc_freeze.freeze(self.collect)
         before = _my_children()
-        held = _CtrlCHeld()
+        held = hold_ctrl_c(later=True)
         try:
             with held:
                 proc.start()
@@ -741,7 +740,7 @@ class ProcessExecutor:
         # a worker holding some is in a sample, and would read the stop order only once its
         # batch is made; one stuck there held the exit up for the 5 s below (torch's workers
         # are ended by multiprocessing's own exit hook at once)
-        exiting = _exiting or not threading.main_thread().is_alive()
+        exiting = process.exiting() or not threading.main_thread().is_alive()
         while live := [(w, wk) for w, wk in enumerate(self.workers) if wk is not None]:
             for w, wk in live:
                 with contextlib.suppress(ValueError):  # closed: reaped by that other thread
@@ -774,20 +773,11 @@ class ProcessExecutor:
         _sweep_stacks(self.prefix)
         if self.froze:
             self.froze = False
-            _unfreeze()
+            gc_freeze.unfreeze()
         self._shut = True
 
 
 _cut_short: list[ProcessExecutor] = []  # closes a Ctrl-C cut short, that nothing else would finish
-_exiting = False  # the interpreter runs its exit hooks (see _close)
-
-
-def _note_exit() -> None:
-    global _exiting
-    _exiting = True
-
-
-atexit.register(_note_exit)  # (hooks run last registered first: before finalizers registered later)
 
 
 def finish_cut_short() -> None:
@@ -798,37 +788,6 @@ def finish_cut_short() -> None:
             ex.close()
         except Exception:  # noqa: BLE001 - it stays listed, for the next try
             pass
-
-
-class _CtrlCHeld:
-    """Holds a Ctrl-C that arrives inside the block, for ``deliver()`` once it is over.
-
-    Forking runs ``os.register_at_fork`` hooks in the parent (logging's lock release): a
-    KeyboardInterrupt raised in one is reported as ignored, and the training loop went on
-    (3 of 30 interrupted runs with 2 workers, 12 of 40 during worker restarts). Only the
-    main thread sets handlers; a handler that is not Python's (ignored, or the default
-    action) is left alone."""
-
-    def __init__(self) -> None:
-        self.handler: Any = None
-        self.frames: list[Any] = []
-
-    def __enter__(self) -> _CtrlCHeld:
-        if threading.current_thread() is threading.main_thread():
-            handler = signal.getsignal(signal.SIGINT)
-            if callable(handler):
-                self.handler = handler
-                signal.signal(signal.SIGINT, lambda signum, frame: self.frames.append(frame))
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        if self.handler is not None:
-            signal.signal(signal.SIGINT, self.handler)
-
-    def deliver(self) -> None:
-        if self.frames and self.handler is not None:
-            self.frames, frame = [], self.frames[0]
-            self.handler(signal.SIGINT, frame)
 
 
 def _tell(wk: _Worker, order: Order) -> None:
@@ -845,96 +804,7 @@ def _result(fields: tuple[Any, ...]) -> Result:
     return result
 
 
-# Copy-on-read: a garbage collection walks every tracked object and writes to its
-# header, so after a fork each page of Python objects that either process scans gets
-# copied, until every worker holds a copy of the dataset's lists and dicts. Objects
-# frozen with gc.freeze() are never scanned, so while fork workers run, the objects
-# that existed when they started stay shared by all. The freeze is counted across
-# loaders and lifted when the last such pool closes (unless the user froze first).
-_freezes = 0
-_user_froze = False
-_sigint_held = False  # a Ctrl-C taken in a full collection's callback, for its end
-_in_callback = False  # _see_full_collections is starting the thread that sends it again
 _swept = False  # stale segments of dead processes removed (transport.sweep_stale)
-# Python 3.12's collector keeps immortal objects in the frozen generation: 375 at start on
-# 3.12.1, back after every collection even once unfrozen (3.11 and 3.13 start with none).
-# Counted as the user's freeze, they kept every freeze of ours in place for good, and
-# loaders dropped in a reference cycle were never collected. Only a count above this
-# baseline is the user's. (A user who froze before importing conveyor on 3.12 is then
-# taken for one who did not: the last pool's close unfreezes their objects too.)
-_FROZEN_AT_START = gc.get_freeze_count() if sys.version_info[:2] == (3, 12) and hasattr(gc, "freeze") else 0
-
-
-def _freeze(collect: bool = True) -> None:
-    global _freezes, _user_froze
-    if not hasattr(gc, "freeze"):
-        return
-    if _freezes == 0:
-        _user_froze = gc.get_freeze_count() > _FROZEN_AT_START
-    elif not _user_froze and collect:
-        # another pool holds the freeze: a loader dropped since in a reference cycle was frozen
-        # with everything else and could never be collected (nor its workers stopped). Collect
-        # such loaders now, once, before freezing anew. Only for a loader's first workers (a
-        # new loader, as in k-fold): a full collection of a large heap takes ~0.3 s, and a
-        # validation loader iterated every few steps would pay it every pass. (A full
-        # collection unfreezes for its duration: _see_full_collections.)
-        gc.collect()
-        if _freezes == 0:  # the collection closed the pools that held it
-            _user_froze = gc.get_freeze_count() > _FROZEN_AT_START
-    _freezes += 1
-    gc.freeze()
-    if _see_full_collections not in gc.callbacks:
-        gc.callbacks.append(_see_full_collections)
-
-
-def _see_full_collections(phase: str, info: dict[str, int]) -> None:
-    """A full collection (the user's ``gc.collect()``, say) looks at frozen objects too, and
-    what survives it is frozen again: a loader dropped in a reference cycle is collected
-    (and its workers stopped) when the user asks for it, as it would be without a freeze.
-    Younger collections, the frequent ones, still leave the frozen objects alone.
-
-    A signal that arrives during a collection is handled at the first call Python makes
-    after it, and an exception raised in a gc callback (or a finalizer the collection runs)
-    is reported as ignored: a Ctrl-C there was lost. So nothing is called before a young
-    collection returns, and a KeyboardInterrupt raised at the (un)freeze is sent to the main
-    thread again once the collection is over and this callback has returned. (It was sent
-    from a timer 1 ms after it was taken: on a busy machine the timer's signal landed while
-    this callback still waited for the timer thread to start, and was lost in turn.)"""
-    global _sigint_held, _in_callback
-    if info["generation"] != 2:  # no call: see above
-        return
-    if _freezes and not _user_froze:
-        try:
-            if phase == "start":
-                gc.unfreeze()
-            else:
-                gc.freeze()
-        except KeyboardInterrupt:
-            _sigint_held = True
-    if phase == "stop" and _sigint_held:
-        _sigint_held = False
-        _in_callback = True
-        # a bare thread: threading's start() waits for the thread, a wait a signal interrupts
-        _thread.start_new_thread(_send_sigint_again, (threading.main_thread().ident,))
-        _in_callback = False  # the last statement, and no call: nothing is handled after it here
-
-
-def _send_sigint_again(main: int) -> None:
-    while _in_callback:  # the main thread holds the GIL until it has left the callback
-        time.sleep(0.0001)
-    signal.pthread_kill(main, signal.SIGINT)
-
-
-def _unfreeze() -> None:
-    global _freezes
-    if not hasattr(gc, "freeze") or _freezes == 0:
-        return
-    _freezes -= 1
-    if _freezes == 0:
-        if not _user_froze:
-            gc.unfreeze()
-        if _see_full_collections in gc.callbacks:  # nothing frozen of ours: no Python in collections
-            gc.callbacks.remove(_see_full_collections)
 
 
 def _my_children() -> set[int]:

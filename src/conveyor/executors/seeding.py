@@ -8,12 +8,12 @@ whether a dataset draws from them at all, and fetches unseeded, at once, when it
 from __future__ import annotations
 
 import contextlib
-import os
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
 from .. import _torch, rng
+from .._platform import process
 
 __all__ = ["RngLock", "SeededFetch", "rng_lock"]
 
@@ -267,5 +267,4 @@ _FAILED = object()
 
 
 rng_lock = RngLock()
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=rng_lock._after_fork)
+process.on_fork_child(rng_lock._after_fork)

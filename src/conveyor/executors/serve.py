@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from .._platform import malloc, process, signals, torch_hooks
 from ..errors import capture
 from .task import Doorbell, Hello, Inbox, Order, Readable, Result, Task, send
 from .worker import WorkerSpec, start_worker, torch_for
@@ -24,9 +25,6 @@ from .worker import WorkerSpec, start_worker, torch_for
 __all__ = ["serve", "stack_path", "name_unpicklable", "ParentWatch", "Drain"]
 
 WORKER_NICE = int(os.environ.get("CONVEYOR_WORKER_NICE", "5"))
-# MB of freed heap a process worker keeps instead of handing it back to the kernel (0: glibc's
-# own heuristics). See ``steady_malloc``.
-WORKER_HEAP_KEEP_MB = int(os.environ.get("CONVEYOR_WORKER_HEAP_KEEP_MB", "64"))
 # a group's results (executors/grouping.py) go back at once when they have waited this long
 # for the rest of their group: a preempted worker must not hold a batch the loop waits for
 GROUP_HOLD_S = 2e-3
@@ -45,39 +43,21 @@ def serve(spec: WorkerSpec, worker_id: int, gen: int, tasks: Any, results: Any,
     that do not persist (spawn, 2 workers: 0.52 s of a 1.87 s epoch)."""
     _serve(spec, worker_id, gen, tasks, results, parent_pid, prefix, private_files, bell)
     if quick_exit:
-        _leave()
-
-
-def _leave() -> None:
-    """End this process as a forked worker ends, but with its own exit handlers run: they
-    were registered here (a spawned worker imports afresh) and would have run at its exit.
-    What is skipped is the teardown: modules cleared, objects finalized one by one."""
-    import atexit
-
-    try:
-        atexit._run_exitfuncs()
-    finally:
-        for stream in (sys.stdout, sys.stderr):
-            try:
-                if stream is not None:
-                    stream.flush()
-            except Exception:  # noqa: BLE001 - a closed or broken stream: nothing left to save
-                pass
-        os._exit(0)
+        process.leave()
 
 
 def _serve(spec: WorkerSpec, worker_id: int, gen: int, tasks: Any, results: Any,
            parent_pid: int, prefix: str, private_files: tuple[int, ...], bell: Doorbell | None) -> None:
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the main process's to handle
+    signals.ignore_ctrl_c()  # Ctrl-C is the main process's to handle
     if private_files:
         from .inherit import reopen_private
 
         reopen_private(private_files)  # files the main process opened through the dataset
-    steady_malloc()
+    malloc.steady_malloc()
     torch = torch_for(spec)
     if torch is not None:
         torch.set_num_threads(1)
-        _route_torch_collate(torch)
+        torch_hooks.route_torch_collate(torch)
     stack_at = stack_path(prefix, worker_id, gen)
     from ..transport import SlotPool, Writer, encode
     from ..transport import segment as _segment
@@ -103,21 +83,9 @@ def _serve(spec: WorkerSpec, worker_id: int, gen: int, tasks: Any, results: Any,
                 # stay; it sweeps this worker's names once it has mapped them
                 pool.close(keep_sent=True)
 
-    def on_term(signum: int, frame: Any) -> None:
-        # SIGTERM/SIGHUP to the whole process group (timeout, systemd, SLURM's scancel, a
-        # closed terminal) ends the main process before it can sweep: each worker removes its
-        # own slots and stack file, then dies of the signal as it would have
-        cleanup()
-        signal.signal(signum, signal.SIG_DFL)
-        os.kill(os.getpid(), signum)
-
-    for sig in (signal.SIGTERM, getattr(signal, "SIGHUP", None)):
-        # a signal the main process ignores (``nohup``: SIGHUP) stays ignored here too: the
-        # closed terminal that ends nothing else must not end the workers either. Installed
-        # before the stack file is made: a SIGTERM in between left it in /tmp (3 of 40 trials)
-        if sig is not None and signal.getsignal(sig) is not signal.SIG_IGN:
-            signal.signal(sig, on_term)
-    stack_file = _install_stack_dump(stack_at)
+    # installed before the stack file is made: a SIGTERM in between left it in /tmp (3 of 40 trials)
+    signals.clean_up_on_term(cleanup)
+    stack_file = signals.install_stack_dump(stack_at)
     pool = SlotPool(f"{prefix}w{worker_id}g{gen}_") if _segment.available() else None
     _watchdog(parent, cleanup)
     try:
@@ -256,15 +224,12 @@ def _serve(spec: WorkerSpec, worker_id: int, gen: int, tasks: Any, results: Any,
                 # loaded host), and the first batch, which the loop waits for, waited as long
                 rss_read = rss()
             if done == 1 and WORKER_NICE:
-                try:
-                    # loading fills the cores the training loop leaves idle; where both want the
-                    # same core, the training step (the critical path) goes first. Not before
-                    # the first batch is out: the loop has no step to run until it comes, and
-                    # a worker started at nice 5 among other jobs waited ~3x longer for a core
-                    # at each turn (first diabetes batch ~170 ms on a 2-core host at load 14)
-                    os.nice(WORKER_NICE)
-                except OSError:
-                    pass
+                # loading fills the cores the training loop leaves idle; where both want the
+                # same core, the training step (the critical path) goes first. Not before
+                # the first batch is out: the loop has no step to run until it comes, and
+                # a worker started at nice 5 among other jobs waited ~3x longer for a core
+                # at each turn (first diabetes batch ~170 ms on a 2-core host at load 14)
+                process.lower_priority(WORKER_NICE)
             # take any orders that arrived meanwhile, without blocking
             if (drain.parked or bell is not None or readable()) and not take():
                 return
@@ -362,54 +327,6 @@ def _unpicklable(obj: Any, path: str, depth: int = 0) -> tuple[str, type] | None
             if inner is not None:
                 return inner
     return path, type(obj)
-
-
-def steady_malloc(keep_mb: int = WORKER_HEAP_KEEP_MB) -> bool:
-    """Keep glibc from returning freed batch memory to the kernel in this process (a worker).
-
-    A collate_fn that calls ``torch.stack`` itself allocates each batch with malloc. Left to its
-    dynamic thresholds, glibc sometimes hands the freed batch back to the kernel (a trim, or an
-    mmap'd chunk) and faults every page of the next batch in again, and sometimes reuses it:
-    which one depends on the heap's history, so whole runs split in two (detection, batch 16
-    of 3x256x256: 0.06 s or 0.25 s for 256 batches with 2 workers). Fixing the thresholds at
-    the values glibc's own heuristic may reach (mmap above ``keep_mb``/2, at most 32 MB; trim
-    above ``keep_mb``) makes the reuse certain, for at most ``keep_mb`` of idle heap per worker.
-    Only in conveyor's own worker processes, never the user's; a malloc the user tuned through
-    the environment is left as it is. True when the thresholds were set."""
-    if keep_mb <= 0 or "MALLOC_TRIM_THRESHOLD_" in os.environ or "MALLOC_MMAP_THRESHOLD_" in os.environ \
-            or "glibc.malloc" in os.environ.get("GLIBC_TUNABLES", ""):
-        return False
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL(None)
-        mallopt = libc.mallopt
-    except (OSError, AttributeError):  # not glibc (musl, macOS): its own allocator stays
-        return False
-    m_trim_threshold, m_mmap_threshold = -1, -3
-    keep = keep_mb << 20
-    return bool(mallopt(m_mmap_threshold, min(keep // 2, 32 << 20))) and bool(mallopt(m_trim_threshold, keep))
-
-
-def _route_torch_collate(torch: Any) -> None:
-    """Make torch's ``default_collate`` stack tensors with conveyor's ``collate_tensor_fn`` in
-    this worker process (only here: the process is conveyor's).
-
-    Inside a worker, torch's own version allocates a fresh torch shared-memory segment for
-    every batch (it expects torch's pickling to hand it over); a collate_fn that calls it
-    would pay for that segment and then for a copy into conveyor's slot. Conveyor's version
-    gives the same tensor, written straight into the batch's pre-faulted slot.
-    """
-    try:
-        from torch.utils.data._utils import collate as torch_collate
-    except ImportError:  # pragma: no cover - a torch without the module
-        return
-    table = getattr(torch_collate, "default_collate_fn_map", None)
-    # only torch's own entry: a function the user registered there (padding, say) stays
-    if isinstance(table, dict) and table.get(torch.Tensor) is getattr(torch_collate, "collate_tensor_fn", None):
-        from ..collate import collate_tensor_fn
-
-        table[torch.Tensor] = collate_tensor_fn
 
 
 class _Rss:
@@ -592,13 +509,3 @@ def stack_path(prefix: str, worker: int, gen: int) -> str:
     return os.path.join(tempfile.gettempdir(), f"{prefix or 'conveyor_'}w{worker}g{gen}.stack")
 
 
-def _install_stack_dump(path: str) -> Any:
-    """SIGUSR1 writes every thread's Python stack to ``path`` (read when a worker hangs)."""
-    try:
-        import faulthandler
-
-        f = open(path, "w")
-        faulthandler.register(signal.SIGUSR1, file=f, all_threads=True, chain=False)
-        return f
-    except (AttributeError, ValueError, RuntimeError, OSError):  # pragma: no cover - not on this OS
-        return None

@@ -8,15 +8,15 @@ epoch is recognised and dropped.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import pickle
 import select
 import signal
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
+from .._platform import signals
 from ..errors import Failure
 
 __all__ = ["Task", "Result", "Order", "Hello", "Death", "send", "Inbox", "Readable", "Doorbell"]
@@ -179,8 +179,8 @@ def send(conn: Any, msg: Any, bell: Doorbell | None = None, full: Callable[[], N
     head = n.to_bytes(4, "big") if n < 0x7FFFFFFF else b"\xff\xff\xff\xff" + n.to_bytes(8, "big")
     fd = conn.fileno()
     view = memoryview(head + data)
-    if _HOLD_SIGPIPE and signal.getsignal(signal.SIGPIPE) == signal.SIG_DFL:
-        with _no_sigpipe():
+    if signals.HOLD_SIGPIPE and signal.getsignal(signal.SIGPIPE) == signal.SIG_DFL:
+        with signals.no_sigpipe():
             _write(fd, view, bell, full)
     else:
         _write(fd, view, bell, full)
@@ -211,27 +211,6 @@ def _write(fd: int, view: memoryview, bell: Doorbell | None, full: Callable[[], 
             raise
     if stop is not None:
         raise stop
-
-
-# (no SIGPIPE on Windows; no sigtimedwait to take a raised one on macOS)
-_HOLD_SIGPIPE = hasattr(signal, "SIGPIPE") and hasattr(signal, "sigtimedwait") and hasattr(signal, "pthread_sigmask")
-
-
-@contextlib.contextmanager
-def _no_sigpipe() -> Iterator[None]:
-    """A write to a pipe whose reader is gone raises BrokenPipeError, also where the program
-    set SIGPIPE to its default (the idiom that lets ``| head`` end a script): that kills the
-    process, silently, at the write. A worker that had stopped was told to stop once more as
-    it was reaped, and the training process died with status 141 at the end of each epoch.
-    The signal is held for this thread while it writes, and one the write raised taken."""
-    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGPIPE})
-    try:
-        yield
-    finally:
-        if signal.SIGPIPE not in old:
-            if signal.SIGPIPE in signal.sigpending():
-                signal.sigtimedwait({signal.SIGPIPE}, 0)
-            signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
 class Inbox:
