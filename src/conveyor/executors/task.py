@@ -8,18 +8,20 @@ epoch is recognised and dropped.
 
 from __future__ import annotations
 
+import math
 import os
 import pickle
 import select
 import signal
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from multiprocessing.connection import wait
 from typing import Any, NamedTuple
 
 from .._platform import signals
 from ..errors import Failure
 
-__all__ = ["Task", "Result", "Order", "Hello", "Death", "send", "Inbox", "Readable", "Doorbell"]
+__all__ = ["Task", "Result", "Order", "Hello", "Death", "send", "Inbox", "Readable", "Doorbell", "PollSet"]
 
 
 class Task(NamedTuple):
@@ -341,3 +343,45 @@ class Doorbell:
             self.close()
         except OSError:
             pass
+
+
+class PollSet:
+    """Every process worker's result pipe and sentinel in one poll set, kept across waits
+    (``ready``): a worker that dies is seen the moment the main process waits. Where there is
+    no ``select.poll``, the wait list is built at each wait."""
+
+    def __init__(self) -> None:
+        self.poller = select.poll() if hasattr(select, "poll") else None
+        self.fds: dict[int, tuple[int, bool]] = {}  # fd -> (worker, is its sentinel)
+
+    def ready(self, workers: list[Any], timeout: float | None) -> list[tuple[int, bool]]:
+        """(worker, is its sentinel) for every pipe or sentinel ready within ``timeout``."""
+        if self.poller is None:  # no select.poll here: build the wait list each time
+            conns: dict[Any, tuple[int, bool]] = {}
+            for w, wk in enumerate(workers):
+                if wk is not None:
+                    conns[wk.results] = (w, False)
+                    conns[wk.proc.sentinel] = (w, True)
+            return [conns[obj] for obj in wait(list(conns), timeout)] if conns else []
+        if not self.fds:
+            return []
+        ms = -1 if timeout is None else max(0, math.ceil(timeout * 1000))
+        while True:
+            try:
+                ready = self.poller.poll(ms)
+                break
+            except InterruptedError:  # pragma: no cover - PEP 475 retries on its own
+                continue
+        return [self.fds[fd] for fd, _ in ready if fd in self.fds]
+
+    def watch(self, w: int, wk: Any) -> None:
+        if self.poller is not None:
+            for fd, sentinel in ((wk.results.fileno(), False), (wk.proc.sentinel, True)):
+                self.poller.register(fd, select.POLLIN | select.POLLHUP | select.POLLERR)
+                self.fds[fd] = (w, sentinel)
+
+    def unwatch(self, workers: list[Any], wk: Any) -> None:
+        if self.poller is not None:
+            for fd in [fd for fd, (w, _) in self.fds.items() if workers[w] is wk]:
+                self.poller.unregister(fd)
+                del self.fds[fd]
