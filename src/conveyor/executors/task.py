@@ -174,7 +174,7 @@ def send(conn: Any, msg: Any, bell: Doorbell | None = None, full: Callable[[], N
     otherwise block for ever on a worker asleep on a bell that rings only after it.
 
     ``full``: the pipe is non-blocking, and ``full()`` is called while it is full, to wait
-    for room (a worker reads its orders meanwhile: see ``worker.Drain``).
+    for room (a worker reads its orders meanwhile: see ``serve.Drain``).
     """
     data = pickle.dumps(msg, protocol=pickle.HIGHEST_PROTOCOL)
     n = len(data)
