@@ -19,7 +19,8 @@ module              side effect                                                 
                     SIGPIPE blocked around pipe writes (``no_sigpipe``);
                     SIGINT ignored, SIGTERM/SIGHUP cleanup handlers, SIGUSR1        worker processes
                     stack dumps (``faulthandler``)
-``malloc``          glibc's ``mallopt`` thresholds fixed (ctypes)                   worker processes
+``malloc``          glibc's ``mallopt`` thresholds fixed (ctypes);                  worker processes;
+                    a malloc and free of a kept buffer's size (``as_if_freed``)    main process
 ``process``         ``os.register_at_fork`` hooks; an ``atexit`` hook; a spawned    any process;
                     worker's ``os._exit``; ``os.nice``                              worker processes
 ==================  =============================================================  ==================
