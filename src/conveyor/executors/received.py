@@ -39,7 +39,9 @@ class Received:
         return tuple(ids) if ids else ()
 
     def note(self, worker: int, gen: int, msg: Result) -> None:
-        """A result came from ``worker``: its slots wait to be read."""
+        """A result came from ``worker``: its slots wait to be read. (The warning's
+        ``stacklevel`` counts ``ProcessExecutor._note``, ``_take`` and ``take_ready`` on
+        the way: it names the loader's code above its poll.)"""
         packed = msg.batch
         if isinstance(packed, transport.Packed) and packed.slots:
             self.undecoded.setdefault((packed.worker, packed.gen), {})[msg.seq] = packed.slots
@@ -49,7 +51,7 @@ class Received:
             self.warned = True
             warnings.warn(f"conveyor: shared memory is unavailable ({msg.warning}); batches now travel "
                           "through pipes, which is slower. Enlarge /dev/shm (e.g. docker --shm-size) "
-                          "to get zero-copy batches back.", RuntimeWarning, stacklevel=5)
+                          "to get zero-copy batches back.", RuntimeWarning, stacklevel=6)
 
     def release(self, result: Result) -> None:
         packed = result.batch
