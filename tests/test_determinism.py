@@ -666,7 +666,7 @@ def test_a_fingerprint_sees_every_draw_from_the_global_rngs(what: str) -> None:
 
 @pytest.mark.timeout(30)
 def test_the_rng_lock_held_whole_waits_for_shared_holders_and_they_for_it() -> None:
-    from conveyor.executors.worker import RngLock
+    from conveyor.executors.seeding import RngLock
 
     lock = RngLock()
     order: list[str] = []

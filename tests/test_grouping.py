@@ -141,7 +141,7 @@ class _Niceness(tud.Dataset):
 
 @pytest.mark.timeout(60)
 def test_a_worker_lowers_its_priority_only_after_its_first_batch() -> None:
-    from conveyor.executors import worker
+    from conveyor.executors import serve as worker
 
     if not worker.WORKER_NICE:
         pytest.skip("CONVEYOR_WORKER_NICE=0 here")

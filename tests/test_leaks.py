@@ -207,7 +207,7 @@ def test_objects_the_interpreter_froze_itself_do_not_pass_for_a_users_freeze(mon
     # Taken for the user's freeze, they kept ours for good, and loaders dropped in a cycle
     # kept their workers until exit. Played here on any version: a few objects frozen
     # before the loader, with the baseline set as import would find it on 3.12.
-    from conveyor.executors import processes
+    from conveyor._platform import gc_freeze as processes
 
     if gc.get_freeze_count():
         pytest.skip("objects are frozen already: this test sets up its own baseline")
@@ -375,7 +375,7 @@ def test_a_loader_iterated_again_does_not_collect_the_whole_heap_each_time() -> 
 CTRL_C_IN_A_COLLECTION = textwrap.dedent("""
     import gc, os, signal, threading, time
     import torch, conveyor
-    from conveyor.executors import processes
+    from conveyor._platform import gc_freeze as processes
 
     class Rows(torch.utils.data.Dataset):
         def __len__(self): return 16
@@ -419,7 +419,7 @@ def test_a_ctrl_c_during_a_full_collection_reaches_the_program(tmp_path: Path) -
 
 CTRL_C_AT_THE_UNFREEZE = textwrap.dedent("""
     import gc, threading, time
-    from conveyor.executors import processes
+    from conveyor._platform import gc_freeze as processes
 
     processes._freezes, processes._user_froze = 1, False  # as while forked workers hold the freeze
 

@@ -139,7 +139,7 @@ class Growing(torch.utils.data.Dataset):
 
 @pytest.mark.timeout(60)
 def test_the_recycler_is_left_out_while_batches_are_small_and_back_once_they_grow() -> None:
-    from conveyor.executors.worker import ALLOC_IDLE, ALLOC_RECHECK
+    from conveyor.executors.fetcher import ALLOC_IDLE, ALLOC_RECHECK
 
     small_batches = ALLOC_IDLE + 8
     big_batches = 2 * ALLOC_RECHECK

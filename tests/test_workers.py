@@ -420,7 +420,7 @@ def test_process_workers_keep_freed_batch_memory(monkeypatch: pytest.MonkeyPatch
 
 @glibc
 def test_steady_malloc_is_off_when_the_user_tuned_malloc(monkeypatch: pytest.MonkeyPatch) -> None:
-    from conveyor.executors.worker import steady_malloc
+    from conveyor._platform.malloc import steady_malloc
 
     monkeypatch.setenv("MALLOC_TRIM_THRESHOLD_", "131072")
     assert steady_malloc() is False
@@ -495,7 +495,7 @@ def test_orders_and_results_larger_than_a_pipe_do_not_wait_on_each_other(tmp_pat
 def test_a_forked_workers_memory_is_what_it_adds_not_what_it_shares() -> None:
     # a forked worker's resident set counts the training process's pages it shares: with a
     # parent of 3 GB each worker read 3 GB, and "auto" capped its workers on memory
-    from conveyor.executors.worker import _Rss
+    from conveyor.executors.serve import _Rss
 
     held = np.ones(256 << 17)  # 256 MB, touched
     r, w = os.pipe()

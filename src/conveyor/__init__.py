@@ -27,7 +27,7 @@ from .datasets import (
 from .device import DevicePrefetcher
 from .distributed import ShardedIterable, shard_iterable
 from .errors import SlowSettingWarning, StartupError, TooManyFailures, WorkerDied, WorkerError
-from .executors.worker import WorkerInfo, get_worker_info
+from .executors.info import WorkerInfo, get_worker_info
 from .samplers import (
     BatchSampler,
     DistributedSampler,

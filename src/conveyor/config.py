@@ -16,7 +16,7 @@ from typing import Any
 
 from . import _torch
 from .collate import default_collate, default_convert, numpy_collate
-from .executors.worker import fetches_batches
+from .executors.fetcher import fetches_batches
 from .order import Repeat
 from .samplers import BatchSampler, RandomSampler, Sampler, SequentialSampler
 from .placement import cpu_share

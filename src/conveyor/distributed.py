@@ -29,7 +29,7 @@ from typing import Any, TypeVar
 
 from .datasets import IterableDataset
 from .executors import worker as _worker
-from .executors.worker import get_worker_info
+from .executors.info import get_worker_info
 
 __all__ = ["ShardedIterable", "gives_rank_shares", "group_world_size", "rank_and_world", "shard_iterable",
            "worker_and_count"]

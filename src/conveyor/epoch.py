@@ -25,11 +25,12 @@ import numpy as np
 from . import _torch, failures, position, replay
 from .errors import TooManyFailures, capture, rebuild
 from .executors.processes import ProcessExecutor
-from .executors.base import hold_ctrl_c
+from ._platform.signals import hold_ctrl_c
 from .executors.recovery import Recovery
 from .executors.reorder import Reorder
 from .executors.task import Death, Result, Task
-from .executors.worker import Fetcher, rng_lock
+from .executors.fetcher import Fetcher
+from .executors.seeding import rng_lock
 from .order import ReadAhead, Slices, bulk_batches, digested, fresh_batches, own_indices, task_indices, torch_split
 from .placement import probe
 from .placement.probe import Mode

@@ -27,7 +27,9 @@ from .distributed import gives_rank_shares, group_world_size, rank_and_world
 from .epoch import Run
 from .errors import SlowSettingWarning, TooManyFailures
 from .executors.processes import finish_cut_short
-from .executors.worker import WorkerSpec, fetches_batches, rng_lock
+from .executors.fetcher import fetches_batches
+from .executors.seeding import rng_lock
+from .executors.worker import WorkerSpec
 from .placement import probe
 from .placement.probe import Mode
 from .pool import Pool, pinner

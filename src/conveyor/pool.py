@@ -19,14 +19,15 @@ from typing import TYPE_CHECKING, Any
 
 from . import _torch, rng
 from .executors import inherit
-from .executors.base import hold_ctrl_c
+from ._platform.signals import hold_ctrl_c
 from .executors.grouping import Grouping
 from .executors.inline import InlineExecutor
 from .executors.processes import ProcessExecutor
 from .executors.sched import runqueue_wait as _runqueue_wait
 from .executors.task import Result, Task
 from .executors.threads import ThreadExecutor
-from .executors.worker import Fetcher, rng_lock
+from .executors.fetcher import Fetcher
+from .executors.seeding import rng_lock
 from .order import reads_ahead_freely
 from .placement import probe
 from .placement.probe import Mode

@@ -9,7 +9,6 @@ worker is seeded once from ``(base_seed, worker_id)`` as torch does.
 
 from __future__ import annotations
 
-import ctypes
 import random
 import sys
 from typing import Any
@@ -17,7 +16,8 @@ from typing import Any
 import numpy as np
 
 from . import _torch
-from ._imports import find_wrapped
+from ._platform import rng_memory
+from ._platform.imports import find_wrapped, insert_first
 
 __all__ = ["mix", "sample_seed", "seed_all", "worker_seed", "RngState", "fingerprint"]
 
@@ -127,8 +127,7 @@ class _SeedOnImport:
 
     def arm(self, numpy_seed: Any) -> None:
         self.pending = numpy_seed
-        if self not in sys.meta_path:
-            sys.meta_path.insert(0, self)
+        insert_first(self)
 
     def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
         if self.pending is None or fullname != "numpy.random":
@@ -225,75 +224,22 @@ def _rebuild_state(py: Any, np_state: Any, torch_state: Any) -> RngState:
 
 # -- fingerprint: has anything drawn from the global RNGs? ---------------------------------
 # Fetch threads that share a process's global RNGs take turns to seed a sample and fetch it;
-# a dataset that draws nothing from them need not (see ``worker.SeededFetch``). Telling
+# a dataset that draws nothing from them need not (``executors.seeding.SeededFetch``). Telling
 # whether a fetch drew must cost little next to it: ``RngState`` and ``same`` cost ~45 and
 # ~9 us (numpy's ``get_state`` alone ~30 us), a fingerprint ~3 us. It reads the Mersenne
 # Twister states of ``random`` and ``numpy.random`` in place (their C structs: a position and
 # 624 words; any draw moves the position, 624 of them renew the words), and the fields of
 # numpy's ``RandomState`` object past its header (where it keeps a second normal drawn for
 # later, which a draw takes without moving the words). Checks on private instances confirm
-# those layouts once; where they fail it falls back to ``getstate``.
-_MT_BYTES = 625 * 4  # 624 state words and the position
-_HEAD = object.__basicsize__  # an object's header (reference count, type): left out
-
-
-def _py_layout() -> bool:
-    """Is ``random.Random`` CPython's {header; int index; uint32 state[624]}?"""
-    try:
-        r = random.Random(0x5EED)
-        r.random()
-        raw = np.frombuffer(ctypes.string_at(id(r) + _HEAD, _MT_BYTES), dtype=np.uint32)
-        words = r.getstate()[1]
-        return int(raw[0]) == words[-1] and raw[1:].tolist() == list(words[:-1])
-    except Exception:  # pragma: no cover - not CPython's layout
-        return False
-
-
-def _np_fields(rs: Any) -> bytes:
-    return ctypes.string_at(id(rs) + _HEAD, type(rs).__basicsize__ - _HEAD)
-
-
-def _np_layout(np_random: Any) -> bool:
-    """Does a private ``RandomState`` show every draw, a cached normal's too, in place?"""
-    try:
-        rs = np_random.RandomState(0x5EED)
-        bitgen = rs._bit_generator
-        addr = int(bitgen.ctypes.state_address)
-        state = bitgen.state
-        raw = np.frombuffer(ctypes.string_at(addr, _MT_BYTES), dtype=np.uint32)
-        if not (state["bit_generator"] == "MT19937" and int(raw[-1]) == state["state"]["pos"]
-                and np.array_equal(raw[:-1], state["state"]["key"])):
-            return False  # pragma: no cover
-        fields = _np_fields(rs)
-        if _np_fields(rs) != fields:
-            return False  # pragma: no cover - fields that change with no draw
-        rs.standard_normal()  # draws a pair of normals and keeps one for later
-        words, kept = ctypes.string_at(addr, _MT_BYTES), _np_fields(rs)
-        rs.standard_normal()  # takes the one kept: no word moves
-        return kept != fields and words == ctypes.string_at(addr, _MT_BYTES) and _np_fields(rs) != kept
-    except Exception:  # pragma: no cover - another bit generator or layout
-        return False
-
-
-_PY_IN_PLACE = _py_layout()
-_np_at: dict[int, int | None] = {}  # id of numpy's global RandomState -> its words' address
-
-
-def _np_address(np_random: Any, rs: Any) -> int | None:
-    if not _np_layout(np_random):
-        return None  # pragma: no cover
-    try:
-        return int(rs._bit_generator.ctypes.state_address)
-    except Exception:  # pragma: no cover
-        return None
+# those layouts once (``_platform.rng_memory``); where they fail it falls back to ``getstate``.
 
 
 def fingerprint() -> tuple[Any, ...]:
     """A token of where the global RNGs stand: two are equal when nothing drew from them in
     between (nor seeded them elsewhere). Cheap enough to take around every sample."""
     inst = random._inst  # type: ignore[attr-defined]
-    if _PY_IN_PLACE and type(inst) is random.Random:
-        py: Any = (ctypes.string_at(id(inst) + _HEAD, _MT_BYTES), inst.gauss_next)
+    if rng_memory.PY_IN_PLACE and type(inst) is random.Random:
+        py: Any = (rng_memory.py_words(inst), inst.gauss_next)
     else:  # pragma: no cover - another interpreter, or random._inst replaced
         py = random.getstate()
     np_random = sys.modules.get("numpy.random")
@@ -301,10 +247,8 @@ def fingerprint() -> tuple[Any, ...]:
         nps: Any = ("pending", _on_import.pending)
     else:
         rs = np_random.mtrand._rand
-        key = id(rs)
-        addr = _np_at[key] if key in _np_at else _np_at.setdefault(key, _np_address(np_random, rs))
-        nps = ((key, ctypes.string_at(addr, _MT_BYTES), _np_fields(rs)) if addr is not None
-               else np_random.get_state())
+        words = rng_memory.np_words(np_random, rs)
+        nps = words if words is not None else np_random.get_state()
     torch = _torch.loaded()
     ts = torch.random.default_generator.get_state().numpy().tobytes() if torch is not None else None
     return py, nps, ts

@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import _signal  # the C module under ``signal`` (see hold_ctrl_c)
-import threading
 from typing import Any
 
 from .task import Death, Result, Task
 
-__all__ = ["Executor", "Event", "hold_ctrl_c"]
+__all__ = ["Executor", "Event", "Ledger"]
 
-_SIGINT = int(getattr(_signal, "SIGINT", 2))
 
 Event = Result | Death
 
@@ -127,51 +124,3 @@ class Ledger:
         return tasks
 
 
-class hold_ctrl_c:  # noqa: N801 - used as a statement: ``with hold_ctrl_c():``
-    """Holds a Ctrl-C that comes inside the block and raises it once the block is over.
-
-    For bookkeeping that must not be cut in two: a result read from a worker's pipe and not
-    yet recorded was lost to a KeyboardInterrupt between the two, and its worker stayed
-    counted as holding it (round robin then never gave it another batch). Python raises the
-    interrupt at whatever bytecode it reaches, so the block swaps SIGINT's Python handler for
-    one that notes the signal, and calls the original with it at the end. Nested blocks swap
-    once; outside the main thread (no Python signal handler runs there) and where SIGINT's
-    handler is not Python's (ignored, or at its default), nothing is swapped. The block must
-    not wait for long: a Ctrl-C waits with it. ``_signal`` directly: ``signal.signal`` wraps
-    each call in enum conversions, 18 us a swap where this costs ~1.4 us.
-    """
-
-    __slots__ = ("on",)
-    depth = 0
-    handler: Any = None
-    caught: Any = None  # the frame of the first SIGINT taken while held
-
-    def __enter__(self) -> None:
-        self.on = threading.current_thread() is threading.main_thread()
-        if not self.on:
-            return
-        cls = hold_ctrl_c
-        cls.depth += 1
-        if cls.depth == 1:
-            handler = _signal.getsignal(_SIGINT)
-            if callable(handler):
-                cls.handler = handler
-                _signal.signal(_SIGINT, _note_ctrl_c)
-
-    def __exit__(self, *exc: object) -> None:
-        if not self.on:
-            return
-        cls = hold_ctrl_c
-        cls.depth -= 1
-        if cls.depth or cls.handler is None:
-            return
-        handler, cls.handler = cls.handler, None
-        _signal.signal(_SIGINT, handler)
-        frame, cls.caught = cls.caught, None
-        if frame is not None:
-            handler(_SIGINT, frame)  # the Ctrl-C, now that the bookkeeping is whole
-
-
-def _note_ctrl_c(signum: int, frame: Any) -> None:
-    if hold_ctrl_c.caught is None:
-        hold_ctrl_c.caught = frame

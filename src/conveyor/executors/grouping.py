@@ -6,7 +6,7 @@ side, and a context switch or two. Where a batch takes ~100 us to make (759 rows
 floats, batches of 32) that is most of the work. Such batches travel in groups: the main
 process sends a worker ``size`` tasks in one order and only once it has room for that many,
 and the worker sends their results back together, in one message, once the last is made
-(``worker._serve``). Nothing else changes: batch k still goes to worker k % num_workers,
+(``serve._serve``). Nothing else changes: batch k still goes to worker k % num_workers,
 each result is its own ``Result`` (its failure, timings and sample count its own), a death
 re-issues every task of the group the worker held, and a state_dict counts the batches
 handed out, as before.

@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 import stat
 
-from ..transport.segment import _SHM_DIR
+from ..transport.segment import is_segment_path
 
 _FD_DIR = "/proc/self/fd"
 # reopening must not create, truncate or fail on an existing file
@@ -70,7 +70,7 @@ def _ours(fd: int) -> bool:
         path = os.readlink(f"{_FD_DIR}/{fd}")
     except OSError:
         return False
-    return os.path.dirname(path) == _SHM_DIR and os.path.basename(path).startswith("conveyor_")
+    return is_segment_path(path)
 
 
 def reopen_private(fds: tuple[int, ...]) -> None:

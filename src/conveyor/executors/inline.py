@@ -8,7 +8,8 @@ from typing import Any
 from .. import rng
 from .base import Event, Executor
 from .task import Result, Task
-from .worker import Fetcher, WorkerSpec
+from .fetcher import Fetcher
+from .worker import WorkerSpec
 
 __all__ = ["InlineExecutor"]
 

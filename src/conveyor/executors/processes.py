@@ -9,133 +9,29 @@ slots freed by the garbage collector ride back on the next order.
 
 from __future__ import annotations
 
-import _thread
-import atexit
 import contextlib
-import gc
-import math
 import multiprocessing as mp
 import os
-import select
-import signal
-import sys
 import tempfile
 import threading
 import time
-import warnings
 from multiprocessing.connection import Connection, wait
 from collections.abc import Callable
 from typing import Any
 
 from .. import transport
+from .._platform import process
+from .._platform.signals import hold_ctrl_c
 from ..errors import StartupError, rebuild
 from ..transport import share
-from .base import Event, Executor, Ledger, hold_ctrl_c
-from .task import Death, Doorbell, Hello, Inbox, Order, Result, Task, send
-from .worker import WorkerSpec, serve, stack_path
+from .base import Event, Executor, Ledger
+from . import starting, stopping
+from .received import Received
+from .serve import serve, stack_path
+from .task import Death, Doorbell, Hello, Inbox, Order, PollSet, Result, Task, send
+from .worker import WorkerSpec
 
 __all__ = ["ProcessExecutor", "StartupError"]
-
-
-# replacements of one dead worker started in a row while each is killed by a signal before
-# its hello; the last one's death ends the epoch
-START_TRIES = 3
-
-
-def _signal_name(number: int) -> str:
-    try:
-        return signal.Signals(number).name
-    except ValueError:
-        return f"signal {number}"
-
-
-_GUARD_HINT = (
-    "With the '{method}' start method every worker re-imports your main module, so the "
-    "code that creates and iterates the DataLoader must run only in the main process: "
-    "put it under `if __name__ == \"__main__\":`. An unpicklable dataset, collate_fn or "
-    "worker_init_fn also ends workers at start-up with this start method."
-)
-
-
-def _mp_servers() -> set[int]:
-    """multiprocessing's own helper processes (the resource tracker a first spawn starts, the
-    fork server): children of ours, but everyone's, never to be stopped with a worker."""
-    from multiprocessing import forkserver, resource_tracker
-
-    pids = {getattr(resource_tracker._resource_tracker, "_pid", None),
-            getattr(forkserver._forkserver, "_forkserver_pid", None)}
-    return {p for p in pids if p is not None}
-
-
-def _startup_hint(spec: WorkerSpec, method: str) -> str:
-    """Why a worker that re-imports the main module (spawn, forkserver) died before its hello:
-    what the main module shows, else the usual causes. The worker printed its own error."""
-    main = sys.modules.get("__main__")
-    path = getattr(main, "__file__", None)
-    if not path or not os.path.exists(path):
-        return (f"With the '{method}' start method every worker re-imports your main module, and "
-                "this one has no file to import (a script read from stdin, or an interactive "
-                "session): define the dataset, collate_fn and worker_init_fn in a module of their "
-                "own and import them, or use multiprocessing_context='fork'. The worker's own "
-                "error is printed above.")
-    guarded = _under_main_guard(path)
-    hidden = []
-    for what, obj in (("dataset", spec.dataset), ("collate_fn", spec.collate_fn),
-                      ("worker_init_fn", spec.worker_init_fn)):
-        itself = isinstance(obj, type) or callable(obj) and hasattr(obj, "__qualname__")
-        defined = obj if itself else type(obj)
-        name = getattr(defined, "__qualname__", "").split(".")[0]
-        if getattr(defined, "__module__", None) == "__main__" and name in guarded:
-            hidden.append(f"the {what} {name}" if itself else f"the {what}'s class {name}")
-    if hidden:
-        said = " and ".join(hidden)
-        verb = "is" if len(hidden) == 1 else "are"
-        return (f"{said[0].upper()}{said[1:]} {verb} defined under `if __name__ == \"__main__\":`. "
-                f"A worker started with '{method}' re-imports your main module without running that "
-                "block, so it cannot find it: define it at module level, above the guard. The "
-                "worker's own error is printed above.")
-    return _GUARD_HINT.format(method=method) + " The worker's own error is printed above."
-
-
-def _under_main_guard(path: str) -> set[str]:
-    """Names a script defines only under ``if __name__ == "__main__":`` (classes, functions,
-    assignments, imports), which a re-import of it as ``__mp_main__`` does not run."""
-    import ast
-
-    try:
-        with open(path, "rb") as f:
-            tree = ast.parse(f.read())
-    except (OSError, SyntaxError, ValueError):
-        return set()
-
-    def is_guard(test: ast.expr) -> bool:
-        if not (isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(test.ops[0], ast.Eq)):
-            return False
-        sides = [test.left, test.comparators[0]]
-        return (any(isinstance(x, ast.Name) and x.id == "__name__" for x in sides)
-                and any(isinstance(x, ast.Constant) and x.value == "__main__" for x in sides))
-
-    names: set[str] = set()
-
-    def collect(body: list[ast.stmt]) -> None:
-        for node in body:
-            if isinstance(node, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
-                names.add(node.name)
-            elif isinstance(node, (ast.Import, ast.ImportFrom)):
-                names.update((a.asname or a.name).split(".")[0] for a in node.names)
-            elif isinstance(node, (ast.Assign, ast.AnnAssign)):
-                for target in node.targets if isinstance(node, ast.Assign) else [node.target]:
-                    names.update(n.id for n in ast.walk(target) if isinstance(n, ast.Name))
-            else:  # blocks inside the guard: if, for, while, with, try
-                for field in ("body", "orelse", "finalbody"):
-                    collect(getattr(node, field, []))
-                for handler in getattr(node, "handlers", []):
-                    collect(handler.body)
-
-    for node in tree.body:
-        if isinstance(node, ast.If) and is_guard(node.test):
-            collect(node.body)
-    return names
 
 
 class _Worker:
@@ -154,6 +50,10 @@ class _Worker:
         self.born = time.monotonic()
         self.reaped = False
 
+    def tell(self, order: Order) -> None:
+        """Send an order outside the per-batch path (ringing the bell)."""
+        send(self.tasks, order, self.bell)
+
 
 class ProcessExecutor(Executor):
     kind = "process"
@@ -166,16 +66,12 @@ class ProcessExecutor(Executor):
             context = mp.get_context()
         elif isinstance(context, str):
             context = mp.get_context(context)
-        self.ctx = context
-        self.method = context.get_start_method()
+        self.launch = starting.Launch(context, private_files, shipped, collect)
         # the spec comes from a function (the loader's pool's, through a weak reference): what
         # closes this executor must not keep the user's dataset and collate_fn (and so a loader
         # they may refer to) reachable, or a loader dropped in a reference cycle would live on
         self._spec_of: Callable[[], WorkerSpec] = spec if callable(spec) else (lambda: spec)
         self.output = self.spec.output
-        # descriptors of files the main process opened through the dataset, to be made private
-        # to each forked worker (inherit.py); asked at each fork, as more may have been opened
-        self._private_files = private_files
         finish_cut_short()
         self.num_workers = num_workers
         self.ledger = Ledger(num_workers)
@@ -184,12 +80,7 @@ class ProcessExecutor(Executor):
         if self.prefix and not _swept:
             _swept = True
             transport.sweep_stale()  # what killed runs left in /dev/shm: once a process
-        self.views = transport.Views(pinner)
-        # a spawned or forkserver worker receives the spec pickled: its arrays travel by
-        # reference (transport.share), the copies of those no container holds kept here for
-        # every worker of this pool; ``shipped`` hears what each start pickled
-        self.shares = share.Registry()
-        self._shipped = shipped
+        self.received = Received(pinner)  # the slots of results received
         self.workers: list[_Worker | None] = [None] * num_workers
         self.gens = [0] * num_workers
         self.closed = False
@@ -200,20 +91,10 @@ class ProcessExecutor(Executor):
         self._closing = threading.RLock()
         self._in_close = False
         self._reaping = threading.Lock()
-        self.warned = False
         self.hung: set[int] = set()  # workers a timeout found stuck: close() kills them at once
         self.kill_causes: dict[int, tuple[str, str | None]] = {}  # workers killed on purpose: why
         self.start_deaths: list[Death] = []  # replacements killed before their hello (restart)
-        self.pending_freed: dict[tuple[int, int], list[int]] = {}  # (worker, gen) -> slot ids
-        # results received and not yet decoded or released, by (worker, gen): their slots must
-        # stay readable when that worker dies and its segments are unlinked
-        self.undecoded: dict[tuple[int, int], dict[int, tuple[tuple[int, str], ...]]] = {}
-        self.dying: set[tuple[int, int]] = set()  # dead generations whose slots are still to be read
-        self.froze = False  # this pool holds a gc freeze (fork only)
-        self.collect = collect  # may collect what the freeze kept when another pool holds it
-        # one poll set for every result pipe and sentinel, kept across calls
-        self._poller = select.poll() if hasattr(select, "poll") else None
-        self._fds: dict[int, tuple[int, bool]] = {}  # fd -> (worker, is its sentinel)
+        self.poll_set = PollSet()  # every result pipe and sentinel, kept across calls
         self.parent_pid = os.getpid()
         # where workers write their stacks (stack_path): the first gettempdir() of a process
         # writes a probe file to choose the directory, ~1 ms in a freshly forked worker; asked
@@ -222,10 +103,20 @@ class ProcessExecutor(Executor):
         try:
             for w in range(num_workers):
                 self.workers[w] = self._spawn(w)
-                self._watch(w, self.workers[w])
+                self.poll_set.watch(w, self.workers[w])
         except BaseException:
             self.close()
             raise
+
+    @property
+    def method(self) -> str:
+        """The start method: fork, spawn or forkserver."""
+        return self.launch.method
+
+    @property
+    def views(self) -> Any:
+        """The mappings of the workers' slots (``transport.Views``)."""
+        return self.received.views
 
     @property
     def spec(self) -> WorkerSpec:
@@ -238,25 +129,24 @@ class ProcessExecutor(Executor):
     def _spawn(self, w: int) -> _Worker:
         gen = self.gens[w]
         self.hung.discard(w)
-        task_r, task_w = self.ctx.Pipe(duplex=False)
-        res_r, res_w = self.ctx.Pipe(duplex=False)
-        private = self._private_files() if self._private_files is not None and self.method == "fork" else ()
+        launch = self.launch
+        task_r, task_w = launch.ctx.Pipe(duplex=False)
+        res_r, res_w = launch.ctx.Pipe(duplex=False)
+        private = launch.private_files() if launch.private_files is not None and self.method == "fork" else ()
         # a forked child inherits the bell's descriptor; a spawned one would need it sent
         bell = Doorbell.make() if self.method == "fork" else None
         # a forked worker inherits the spec as it is; any other is sent it pickled
-        spec: Any = self.spec if self.method == "fork" else share.Shipped(self.spec, self.shares)
-        proc = self.ctx.Process(
+        spec: Any = self.spec if self.method == "fork" else share.Shipped(self.spec, launch.shares)
+        proc = launch.ctx.Process(
             target=serve,
             args=(spec, w, gen, task_r, res_w, self.parent_pid, self.prefix, private, bell,
                   self.method == "spawn"),
             name=f"conveyor-worker-{w}",
             daemon=True,
         )
-        if self.method == "fork" and not self.froze:
-            self.froze = True
-            _freeze(self.collect)
-        before = _my_children()
-        held = _CtrlCHeld()
+        launch.freeze()
+        before = starting.my_children()
+        held = hold_ctrl_c(later=True)
         try:
             with held:
                 proc.start()
@@ -265,38 +155,11 @@ class ProcessExecutor(Executor):
             wk = _Worker(proc, task_w, res_r, gen, bell)
             self.workers[w] = wk  # recorded at once: close() now knows it, whatever comes next
         except BaseException as exc:
-            # a start that failed, or Ctrl-C while forking: a child that started is recorded
-            # nowhere close() looks (the interrupt may land before multiprocessing keeps its
-            # pid), so stop it here
-            started = getattr(proc, "_popen", None) is not None
-            if started:
-                proc.kill()
-                proc.join(2.0)
-            for pid in _my_children() - before - _mp_servers():
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                    os.waitpid(pid, 0)
-                except OSError:
-                    pass
-            transport.sweep(f"{self.prefix}w{w}g{gen}_")
-            for conn in (task_r, task_w, res_r, res_w):
-                conn.close()
-            if bell is not None:
-                bell.close()
-            if isinstance(exc, AssertionError) and mp.current_process().daemon:
-                exc.add_note("This loader runs inside a worker process of another loader (its dataset "
-                             "iterates a loader of its own), and worker processes cannot start processes: "
-                             "give the inner loader worker_type='thread', or num_workers=0.")
-            elif (isinstance(exc, Exception) and not started and self.method != "fork"
-                  and not getattr(mp.current_process(), "_inheriting", False)):
-                # (a worker re-importing a main module with no guard lands here too: its
-                # RuntimeError says so, the pickling note would mislead)
-                exc.add_note(f"Starting worker {w} with the '{self.method}' start method pickles the "
-                             "dataset, collate_fn and worker_init_fn: each must be picklable "
-                             "(defined at module level, not a lambda or a local function).")
+            starting.undo(exc, proc, before, f"{self.prefix}w{w}g{gen}_", (task_r, task_w, res_r, res_w), bell,
+                          w, self.method)
             raise
-        if isinstance(spec, share.Shipped) and self._shipped is not None:
-            self._shipped(spec.seconds, spec.nbytes, spec.shared, spec.moved_s)
+        if isinstance(spec, share.Shipped) and launch.shipped is not None:
+            launch.shipped(spec.seconds, spec.nbytes, spec.shared, spec.moved_s)
         held.deliver()  # a Ctrl-C while forking: now, with the worker recorded for close() to stop
         return wk
 
@@ -310,7 +173,7 @@ class ProcessExecutor(Executor):
         # counted busy for good; ``send`` itself finishes a frame before raising one
         with hold_ctrl_c():
             self.ledger.add(worker, tasks)
-            freed = self._freed_for(worker, wk.gen)
+            freed = self.received.freed_for(worker, wk.gen)
             try:
                 # plain tuples, not an Order of Tasks: the worker unpickles one for every batch, a
                 # class lookup and a constructor call each cost it a few microseconds cold
@@ -319,69 +182,30 @@ class ProcessExecutor(Executor):
             except (BrokenPipeError, OSError):
                 pass  # the worker died; poll() reports it and recovery re-issues the tasks
 
-    def _freed_for(self, worker: int, gen: int) -> tuple[int, ...]:
-        pending = self.pending_freed
-        for key in self.views.take_freed():
-            pending.setdefault((key[0], key[1]), []).append(key[2])
-        ids = pending.pop((worker, gen), None)
-        return tuple(ids) if ids else ()
-
     def flush_freed(self) -> None:
         """Send freed slots to workers that have no task to carry them."""
-        for key in self.views.take_freed():
-            self.pending_freed.setdefault((key[0], key[1]), []).append(key[2])
-        for (w, gen), ids in list(self.pending_freed.items()):
+        pending = self.received.pending_freed
+        self.received.collect_freed()
+        for (w, gen), ids in list(pending.items()):
             wk = self.workers[w]
             if wk is None or wk.gen != gen:
-                del self.pending_freed[(w, gen)]
+                del pending[(w, gen)]
                 continue
             if len(ids) >= 2:
-                del self.pending_freed[(w, gen)]
+                del pending[(w, gen)]
                 try:
-                    _tell(wk, Order((), tuple(ids)))
+                    wk.tell(Order((), tuple(ids)))
                 except (BrokenPipeError, OSError):
                     pass
 
-    def _ready(self, timeout: float | None) -> list[tuple[int, bool]]:
-        """(worker, is its sentinel) for every pipe or sentinel ready within ``timeout``."""
-        if self._poller is None:  # no select.poll here: build the wait list each time
-            conns: dict[Any, tuple[int, bool]] = {}
-            for w, wk in enumerate(self.workers):
-                if wk is not None:
-                    conns[wk.results] = (w, False)
-                    conns[wk.proc.sentinel] = (w, True)
-            return [conns[obj] for obj in wait(list(conns), timeout)] if conns else []
-        if not self._fds:
-            return []
-        ms = -1 if timeout is None else max(0, math.ceil(timeout * 1000))
-        while True:
-            try:
-                ready = self._poller.poll(ms)
-                break
-            except InterruptedError:  # pragma: no cover - PEP 475 retries on its own
-                continue
-        return [self._fds[fd] for fd, _ in ready if fd in self._fds]
-
-    def _watch(self, w: int, wk: _Worker) -> None:
-        if self._poller is not None:
-            for fd, sentinel in ((wk.results.fileno(), False), (wk.proc.sentinel, True)):
-                self._poller.register(fd, select.POLLIN | select.POLLHUP | select.POLLERR)
-                self._fds[fd] = (w, sentinel)
-
-    def _unwatch(self, wk: _Worker) -> None:
-        if self._poller is not None:
-            for fd in [fd for fd, (w, _) in self._fds.items() if self.workers[w] is wk]:
-                self._poller.unregister(fd)
-                del self._fds[fd]
-
     def poll(self, timeout: float | None) -> list[Event]:
-        return self.take_ready(self._ready(timeout))
+        return self.take_ready(self.poll_set.ready(self.workers, timeout))
 
     def wait_ready(self, timeout: float | None) -> list[tuple[int, bool]]:
         """``poll`` in two: wait up to ``timeout`` for pipes or sentinels to be ready (a Ctrl-C
         may cut this short), then ``take_ready`` what they hold (to be held from a Ctrl-C, with
         whatever records the results it returns: a result read and not recorded is lost)."""
-        return self._ready(timeout)
+        return self.poll_set.ready(self.workers, timeout)
 
     def take_ready(self, ready: list[tuple[int, bool]]) -> list[Event]:
         events: list[Event] = []
@@ -395,18 +219,7 @@ class ProcessExecutor(Executor):
                 except OSError:
                     dead.add(w)
                     continue
-                for msg in msgs:
-                    if type(msg) is tuple:
-                        result = _result(msg)
-                        self._note(w, wk, result)
-                        events.append(result)
-                    elif type(msg) is list:  # a group's results (executors/grouping.py)
-                        for fields in msg:
-                            result = _result(fields)
-                            self._note(w, wk, result)
-                            events.append(result)
-                    elif isinstance(msg, Hello):
-                        self._hello(wk, msg)
+                self._take(w, wk, msgs, events, hellos=True)
                 if wk.inbox.eof:
                     dead.add(w)
             else:
@@ -417,11 +230,7 @@ class ProcessExecutor(Executor):
             # drain what it sent before dying
             try:
                 while not wk.inbox.eof and wait([wk.results], 0):
-                    for msg in wk.inbox.take():
-                        for fields in msg if type(msg) is list else [msg] if type(msg) is tuple else []:
-                            result = _result(fields)
-                            self._note(w, wk, result)
-                            events.append(result)
+                    self._take(w, wk, wk.inbox.take(), events, hellos=False)
             except OSError:
                 pass
             wk.proc.join(0.5)
@@ -437,6 +246,18 @@ class ProcessExecutor(Executor):
             events.append(Death(w, wk.pid, wk.proc.exitcode, tuple(self.ledger.held[w].values()), cause, stack))
         return events
 
+    def _take(self, w: int, wk: _Worker, msgs: list[Any], events: list[Event], *, hellos: bool) -> None:
+        """Record the results among ``msgs`` (one, or a group's list: executors/grouping.py)
+        into ``events``; apply the hellos too, with ``hellos`` (a dead worker's are not)."""
+        for msg in msgs:
+            if type(msg) is tuple or type(msg) is list:
+                for fields in msg if type(msg) is list else (msg,):
+                    result = _result(fields)
+                    self._note(w, wk, result)
+                    events.append(result)
+            elif hellos and isinstance(msg, Hello):
+                self._hello(wk, msg)
+
     def _hello(self, wk: _Worker, msg: Hello) -> None:
         if msg.failure is not None:
             raise rebuild(msg.failure)
@@ -450,23 +271,14 @@ class ProcessExecutor(Executor):
 
     def _startup_error(self, w: int, wk: _Worker) -> StartupError:
         code = wk.proc.exitcode
-        hint = "" if self.method == "fork" else " " + _startup_hint(self.spec, self.method)
+        hint = "" if self.method == "fork" else " " + starting.startup_hint(self.spec, self.method)
         # torch's words first ("DataLoader worker (pid 12) exited unexpectedly"): users match on them
         return StartupError(f"DataLoader worker (pid {wk.proc.pid}) exited unexpectedly during start-up with exit "
                             f"code {code} (worker {w}).{hint}")
 
     def _note(self, w: int, wk: _Worker, msg: Result) -> None:
         self.ledger.done(w, msg.seq)
-        packed = msg.batch
-        if isinstance(packed, transport.Packed) and packed.slots:
-            self.undecoded.setdefault((packed.worker, packed.gen), {})[msg.seq] = packed.slots
-        if msg.retired:
-            self.views.retire(w, wk.gen, list(msg.retired))
-        if msg.warning and not self.warned:
-            self.warned = True
-            warnings.warn(f"conveyor: shared memory is unavailable ({msg.warning}); batches now travel "
-                          "through pipes, which is slower. Enlarge /dev/shm (e.g. docker --shm-size) "
-                          "to get zero-copy batches back.", RuntimeWarning, stacklevel=4)
+        self.received.note(w, wk.gen, msg)
 
     def outstanding(self, worker: int) -> int:
         return self.ledger.count(worker)
@@ -487,14 +299,14 @@ class ProcessExecutor(Executor):
                 self.num_workers -= 1
                 del self.workers[w], self.gens[w], self.ledger.held[w]
                 raise
-            self._watch(w, self.workers[w])
+            self.poll_set.watch(w, self.workers[w])
 
     def set_rng(self, worker: int, state: Any) -> None:
         """``worker`` takes over these global RNG states before its next task."""
         wk = self.workers[worker]
         if wk is not None:
             try:
-                _tell(wk, Order(rng=state))
+                wk.tell(Order(rng=state))
             except (BrokenPipeError, OSError):
                 pass
 
@@ -503,7 +315,7 @@ class ProcessExecutor(Executor):
         for wk in self.workers:
             if wk is not None:
                 try:
-                    _tell(wk, Order(threads=n))
+                    wk.tell(Order(threads=n))
                 except (BrokenPipeError, OSError):
                     pass
 
@@ -515,7 +327,7 @@ class ProcessExecutor(Executor):
         wk = self.workers[worker]
         return None if wk is None else wk.pid
 
-    def restart(self, worker: int, wait_s: float = 60.0, tries: int = START_TRIES, spent: str = "") -> list[Task]:
+    def restart(self, worker: int, wait_s: float = 60.0, tries: int = starting.START_TRIES, spent: str = "") -> list[Task]:
         """Replace a dead worker (new generation); its unfinished tasks are returned. A
         replacement killed by a signal before its hello is replaced in turn, ``tries``
         replacements in all (the loader's restart budget; ``spent`` says so when it runs out);
@@ -524,20 +336,10 @@ class ProcessExecutor(Executor):
         if self.closed:
             raise RuntimeError("this DataLoader's workers were shut down")
         if old is not None:
-            self._unwatch(old)
+            self.poll_set.unwatch(self.workers, old)
             self._reap(old)
-            # batches it finished that wait to be handed out are read from its slots later:
-            # map those now, before the slots are unlinked; the rest of its mappings go
-            key = (worker, old.gen)
-            for slots in self.undecoded.get(key, {}).values():
-                for slot_id, name in slots:
-                    self.views.keep((worker, old.gen, slot_id), name)
-            if key in self.undecoded:
-                self.dying.add(key)
-            else:
-                self.views.forget_worker(worker, old.gen)
+            self.received.worker_gone(worker, old.gen)
             transport.sweep(f"{self.prefix}w{worker}g{old.gen}_")
-            self.pending_freed.pop((worker, old.gen), None)
             # reaped (its process object closed): a Ctrl-C while the replacement starts left
             # it here, and every close() after raised "process object is closed"
             self.workers[worker] = None
@@ -553,12 +355,12 @@ class ProcessExecutor(Executor):
                     self._reap(wk, timeout=0.0)
                 self.workers[worker] = None
                 raise RuntimeError("this DataLoader's workers were shut down")
-            self._watch(worker, wk)
+            self.poll_set.watch(worker, wk)
             # wait for its hello so start-up failures surface here
             code = self._await_hello(worker, wk, deadline, wait_s)
             if code is None:
                 return tasks
-            how = f"was killed by {_signal_name(-code)}" if code < 0 else f"exited with code {code}"
+            how = f"was killed by {starting.signal_name(-code)}" if code < 0 else f"exited with code {code}"
             if code >= 0 or attempt == tries:
                 # it failed to start (an import, worker_init_fn): another would too
                 row = f"{attempt} replacements in a row" if attempt > 1 else ""
@@ -569,7 +371,7 @@ class ProcessExecutor(Executor):
             self.start_deaths.append(Death(worker, wk.pid, code))
             # killed by a signal (the OOM killer, a scheduler, a user) before its hello: a death
             # like one after it, which the next replacement makes good. It ended the epoch.
-            self._unwatch(wk)
+            self.poll_set.unwatch(self.workers, wk)
             self._reap(wk, timeout=0.0)
             self.workers[worker] = None
             transport.sweep(f"{self.prefix}w{worker}g{wk.gen}_")
@@ -615,27 +417,7 @@ class ProcessExecutor(Executor):
         wk = self.workers[worker]
         if wk is None or wk.pid is None:
             return None
-        path = stack_path(self.prefix, worker, wk.gen)
-        try:
-            before = os.path.getsize(path)
-        except OSError:
-            return None
-        try:
-            os.kill(wk.pid, signal.SIGUSR1)
-        except OSError:
-            return None
-        deadline = time.monotonic() + 2.0
-        while time.monotonic() < deadline:
-            time.sleep(0.05)
-            try:
-                if os.path.getsize(path) > before:
-                    time.sleep(0.05)
-                    with open(path, encoding="utf-8", errors="replace") as f:
-                        f.seek(before)
-                        return f.read()
-            except OSError:
-                return None
-        return None
+        return stopping.read_stack(wk.pid, stack_path(self.prefix, worker, wk.gen))
 
     def held(self) -> list[dict[int, Task]]:
         return self.ledger.held
@@ -652,69 +434,14 @@ class ProcessExecutor(Executor):
             wk.proc.kill()
 
     def release(self, result: Result) -> None:
-        packed = result.batch
-        if isinstance(packed, transport.Packed) and packed.slots:
-            key = (packed.worker, packed.gen)
-            self.pending_freed.setdefault(key, []).extend(i for i, _ in packed.slots)
-            self._read(key, result.seq)
+        self.received.release(result)
 
     def decode(self, result: Result) -> Any:
-        packed = result.batch
-        if isinstance(packed, transport.Packed):
-            batch = transport.decode(packed, self.views, output=self.output)
-            if packed.slots:
-                self._read((packed.worker, packed.gen), result.seq)
-            return batch
-        return packed
-
-    def _read(self, key: tuple[int, int], seq: int) -> None:
-        """A result's slots were read (or will not be): a dead generation with none left to
-        read gives up its mappings (views the user holds keep theirs)."""
-        waiting = self.undecoded.get(key)
-        if waiting is not None:
-            waiting.pop(seq, None)
-            if not waiting:
-                del self.undecoded[key]
-        if key in self.dying and key not in self.undecoded:
-            self.dying.discard(key)
-            self.views.forget_worker(*key)
+        return self.received.decode(result, self.output)
 
     # -- shutdown ---------------------------------------------------------
     def _reap(self, wk: _Worker, timeout: float = 5.0) -> None:
-        with self._reaping:  # once: a second close of its descriptors may close another file's
-            if wk.reaped:
-                return
-            wk.reaped = True
-        try:
-            try:
-                _tell(wk, Order(stop=True))
-            except (BrokenPipeError, OSError):
-                pass
-            wk.proc.join(timeout)
-            if wk.proc.is_alive():
-                wk.proc.terminate()
-                wk.proc.join(2.0)
-            if wk.proc.is_alive():
-                wk.proc.kill()
-                wk.proc.join(2.0)
-        except BaseException:
-            wk.reaped = False  # cut short (Ctrl-C) while it waited: the next close() reaps it
-            raise
-        for conn in (wk.tasks, wk.results):
-            try:
-                conn.close()
-            except OSError:
-                pass
-        if wk.bell is not None:
-            wk.bell.close()
-        try:
-            wk.proc.close()
-        except ValueError:
-            pass
-        try:
-            os.unlink(stack_path(self.prefix, self.workers.index(wk), wk.gen))
-        except (OSError, ValueError):
-            pass
+        stopping.reap(wk, self._reaping, timeout, lambda: stack_path(self.prefix, self.workers.index(wk), wk.gen))
 
     def close(self) -> None:
         # ``closed`` stops restarts at once; ``_shut`` says every step ran. A close() cut short
@@ -747,7 +474,7 @@ class ProcessExecutor(Executor):
         # a worker holding some is in a sample, and would read the stop order only once its
         # batch is made; one stuck there held the exit up for the 5 s below (torch's workers
         # are ended by multiprocessing's own exit hook at once)
-        exiting = _exiting or not threading.main_thread().is_alive()
+        exiting = process.exiting() or not threading.main_thread().is_alive()
         while live := [(w, wk) for w, wk in enumerate(self.workers) if wk is not None]:
             for w, wk in live:
                 with contextlib.suppress(ValueError):  # closed: reaped by that other thread
@@ -760,7 +487,7 @@ class ProcessExecutor(Executor):
                         wk.proc.terminate()
             for _, wk in live:
                 try:
-                    _tell(wk, Order(stop=True))
+                    wk.tell(Order(stop=True))
                 except (BrokenPipeError, OSError):
                     pass
             deadline = time.monotonic() + 5.0
@@ -769,31 +496,19 @@ class ProcessExecutor(Executor):
                     wk.proc.join(max(0.0, deadline - time.monotonic()))
             for w, wk in live:
                 with contextlib.suppress(KeyError):  # unwatched by that other thread
-                    self._unwatch(wk)
+                    self.poll_set.unwatch(self.workers, wk)
                 with contextlib.suppress(ValueError, AttributeError):
                     self._reap(wk, timeout=0.0)
                 if self.workers[w] is wk:
                     self.workers[w] = None
-        self.views.close()
-        self.shares.close()
+        self.received.views.close()
+        self.launch.close()
         transport.sweep(self.prefix)
-        _sweep_stacks(self.prefix)
-        if self.froze:
-            self.froze = False
-            _unfreeze()
+        stopping.sweep_stacks(self.prefix)
         self._shut = True
 
 
 _cut_short: list[ProcessExecutor] = []  # closes a Ctrl-C cut short, that nothing else would finish
-_exiting = False  # the interpreter runs its exit hooks (see _close)
-
-
-def _note_exit() -> None:
-    global _exiting
-    _exiting = True
-
-
-atexit.register(_note_exit)  # (hooks run last registered first: before finalizers registered later)
 
 
 def finish_cut_short() -> None:
@@ -806,42 +521,6 @@ def finish_cut_short() -> None:
             pass
 
 
-class _CtrlCHeld:
-    """Holds a Ctrl-C that arrives inside the block, for ``deliver()`` once it is over.
-
-    Forking runs ``os.register_at_fork`` hooks in the parent (logging's lock release): a
-    KeyboardInterrupt raised in one is reported as ignored, and the training loop went on
-    (3 of 30 interrupted runs with 2 workers, 12 of 40 during worker restarts). Only the
-    main thread sets handlers; a handler that is not Python's (ignored, or the default
-    action) is left alone."""
-
-    def __init__(self) -> None:
-        self.handler: Any = None
-        self.frames: list[Any] = []
-
-    def __enter__(self) -> _CtrlCHeld:
-        if threading.current_thread() is threading.main_thread():
-            handler = signal.getsignal(signal.SIGINT)
-            if callable(handler):
-                self.handler = handler
-                signal.signal(signal.SIGINT, lambda signum, frame: self.frames.append(frame))
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        if self.handler is not None:
-            signal.signal(signal.SIGINT, self.handler)
-
-    def deliver(self) -> None:
-        if self.frames and self.handler is not None:
-            self.frames, frame = [], self.frames[0]
-            self.handler(signal.SIGINT, frame)
-
-
-def _tell(wk: _Worker, order: Order) -> None:
-    """Send a worker an order outside the per-batch path (ringing its bell)."""
-    send(wk.tasks, order, wk.bell)
-
-
 def _result(fields: tuple[Any, ...]) -> Result:
     """A worker's Result from the plain tuple it sent (``Result.fields``; the batch, when
     there is one, as the fields of a ``Packed``)."""
@@ -851,118 +530,6 @@ def _result(fields: tuple[Any, ...]) -> Result:
     return result
 
 
-# Copy-on-read: a garbage collection walks every tracked object and writes to its
-# header, so after a fork each page of Python objects that either process scans gets
-# copied, until every worker holds a copy of the dataset's lists and dicts. Objects
-# frozen with gc.freeze() are never scanned, so while fork workers run, the objects
-# that existed when they started stay shared by all. The freeze is counted across
-# loaders and lifted when the last such pool closes (unless the user froze first).
-_freezes = 0
-_user_froze = False
-_sigint_held = False  # a Ctrl-C taken in a full collection's callback, for its end
-_in_callback = False  # _see_full_collections is starting the thread that sends it again
 _swept = False  # stale segments of dead processes removed (transport.sweep_stale)
-# Python 3.12's collector keeps immortal objects in the frozen generation: 375 at start on
-# 3.12.1, back after every collection even once unfrozen (3.11 and 3.13 start with none).
-# Counted as the user's freeze, they kept every freeze of ours in place for good, and
-# loaders dropped in a reference cycle were never collected. Only a count above this
-# baseline is the user's. (A user who froze before importing conveyor on 3.12 is then
-# taken for one who did not: the last pool's close unfreezes their objects too.)
-_FROZEN_AT_START = gc.get_freeze_count() if sys.version_info[:2] == (3, 12) and hasattr(gc, "freeze") else 0
 
-
-def _freeze(collect: bool = True) -> None:
-    global _freezes, _user_froze
-    if not hasattr(gc, "freeze"):
-        return
-    if _freezes == 0:
-        _user_froze = gc.get_freeze_count() > _FROZEN_AT_START
-    elif not _user_froze and collect:
-        # another pool holds the freeze: a loader dropped since in a reference cycle was frozen
-        # with everything else and could never be collected (nor its workers stopped). Collect
-        # such loaders now, once, before freezing anew. Only for a loader's first workers (a
-        # new loader, as in k-fold): a full collection of a large heap takes ~0.3 s, and a
-        # validation loader iterated every few steps would pay it every pass. (A full
-        # collection unfreezes for its duration: _see_full_collections.)
-        gc.collect()
-        if _freezes == 0:  # the collection closed the pools that held it
-            _user_froze = gc.get_freeze_count() > _FROZEN_AT_START
-    _freezes += 1
-    gc.freeze()
-    if _see_full_collections not in gc.callbacks:
-        gc.callbacks.append(_see_full_collections)
-
-
-def _see_full_collections(phase: str, info: dict[str, int]) -> None:
-    """A full collection (the user's ``gc.collect()``, say) looks at frozen objects too, and
-    what survives it is frozen again: a loader dropped in a reference cycle is collected
-    (and its workers stopped) when the user asks for it, as it would be without a freeze.
-    Younger collections, the frequent ones, still leave the frozen objects alone.
-
-    A signal that arrives during a collection is handled at the first call Python makes
-    after it, and an exception raised in a gc callback (or a finalizer the collection runs)
-    is reported as ignored: a Ctrl-C there was lost. So nothing is called before a young
-    collection returns, and a KeyboardInterrupt raised at the (un)freeze is sent to the main
-    thread again once the collection is over and this callback has returned. (It was sent
-    from a timer 1 ms after it was taken: on a busy machine the timer's signal landed while
-    this callback still waited for the timer thread to start, and was lost in turn.)"""
-    global _sigint_held, _in_callback
-    if info["generation"] != 2:  # no call: see above
-        return
-    if _freezes and not _user_froze:
-        try:
-            if phase == "start":
-                gc.unfreeze()
-            else:
-                gc.freeze()
-        except KeyboardInterrupt:
-            _sigint_held = True
-    if phase == "stop" and _sigint_held:
-        _sigint_held = False
-        _in_callback = True
-        # a bare thread: threading's start() waits for the thread, a wait a signal interrupts
-        _thread.start_new_thread(_send_sigint_again, (threading.main_thread().ident,))
-        _in_callback = False  # the last statement, and no call: nothing is handled after it here
-
-
-def _send_sigint_again(main: int) -> None:
-    while _in_callback:  # the main thread holds the GIL until it has left the callback
-        time.sleep(0.0001)
-    signal.pthread_kill(main, signal.SIGINT)
-
-
-def _unfreeze() -> None:
-    global _freezes
-    if not hasattr(gc, "freeze") or _freezes == 0:
-        return
-    _freezes -= 1
-    if _freezes == 0:
-        if not _user_froze:
-            gc.unfreeze()
-        if _see_full_collections in gc.callbacks:  # nothing frozen of ours: no Python in collections
-            gc.callbacks.remove(_see_full_collections)
-
-
-def _my_children() -> set[int]:
-    """Processes this thread forked (Linux: /proc/self/task/<tid>/children), else none known."""
-    try:
-        with open(f"/proc/self/task/{threading.get_native_id()}/children") as f:
-            return {int(x) for x in f.read().split()}
-    except (OSError, ValueError):
-        return set()
-
-
-def _sweep_stacks(prefix: str) -> None:
-    if not prefix:
-        return
-    d = tempfile.gettempdir()
-    try:
-        for name in os.listdir(d):
-            if name.startswith(prefix) and name.endswith(".stack"):
-                try:
-                    os.unlink(os.path.join(d, name))
-                except OSError:
-                    pass
-    except OSError:
-        pass
 

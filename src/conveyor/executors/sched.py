@@ -16,6 +16,8 @@ import os
 import threading
 import time
 
+from .._platform import process
+
 _TASKS = "/proc/self/task"
 
 
@@ -80,8 +82,7 @@ def _forked() -> None:
     _waits = _Waits()  # a new process: other threads, and a lock no thread of it holds
 
 
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_forked)
+process.on_fork_child(_forked)
 
 
 def _process_queued() -> tuple[int, int]:

@@ -8,18 +8,20 @@ epoch is recognised and dropped.
 
 from __future__ import annotations
 
-import contextlib
+import math
 import os
 import pickle
 import select
 import signal
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from multiprocessing.connection import wait
 from typing import Any, NamedTuple
 
+from .._platform import signals
 from ..errors import Failure
 
-__all__ = ["Task", "Result", "Order", "Hello", "Death", "send", "Inbox", "Readable", "Doorbell"]
+__all__ = ["Task", "Result", "Order", "Hello", "Death", "send", "Inbox", "Readable", "Doorbell", "PollSet"]
 
 
 class Task(NamedTuple):
@@ -172,15 +174,15 @@ def send(conn: Any, msg: Any, bell: Doorbell | None = None, full: Callable[[], N
     otherwise block for ever on a worker asleep on a bell that rings only after it.
 
     ``full``: the pipe is non-blocking, and ``full()`` is called while it is full, to wait
-    for room (a worker reads its orders meanwhile: see ``worker.Drain``).
+    for room (a worker reads its orders meanwhile: see ``serve.Drain``).
     """
     data = pickle.dumps(msg, protocol=pickle.HIGHEST_PROTOCOL)
     n = len(data)
     head = n.to_bytes(4, "big") if n < 0x7FFFFFFF else b"\xff\xff\xff\xff" + n.to_bytes(8, "big")
     fd = conn.fileno()
     view = memoryview(head + data)
-    if _HOLD_SIGPIPE and signal.getsignal(signal.SIGPIPE) == signal.SIG_DFL:
-        with _no_sigpipe():
+    if signals.HOLD_SIGPIPE and signal.getsignal(signal.SIGPIPE) == signal.SIG_DFL:
+        with signals.no_sigpipe():
             _write(fd, view, bell, full)
     else:
         _write(fd, view, bell, full)
@@ -211,27 +213,6 @@ def _write(fd: int, view: memoryview, bell: Doorbell | None, full: Callable[[], 
             raise
     if stop is not None:
         raise stop
-
-
-# (no SIGPIPE on Windows; no sigtimedwait to take a raised one on macOS)
-_HOLD_SIGPIPE = hasattr(signal, "SIGPIPE") and hasattr(signal, "sigtimedwait") and hasattr(signal, "pthread_sigmask")
-
-
-@contextlib.contextmanager
-def _no_sigpipe() -> Iterator[None]:
-    """A write to a pipe whose reader is gone raises BrokenPipeError, also where the program
-    set SIGPIPE to its default (the idiom that lets ``| head`` end a script): that kills the
-    process, silently, at the write. A worker that had stopped was told to stop once more as
-    it was reaped, and the training process died with status 141 at the end of each epoch.
-    The signal is held for this thread while it writes, and one the write raised taken."""
-    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGPIPE})
-    try:
-        yield
-    finally:
-        if signal.SIGPIPE not in old:
-            if signal.SIGPIPE in signal.sigpending():
-                signal.sigtimedwait({signal.SIGPIPE}, 0)
-            signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
 class Inbox:
@@ -362,3 +343,45 @@ class Doorbell:
             self.close()
         except OSError:
             pass
+
+
+class PollSet:
+    """Every process worker's result pipe and sentinel in one poll set, kept across waits
+    (``ready``): a worker that dies is seen the moment the main process waits. Where there is
+    no ``select.poll``, the wait list is built at each wait."""
+
+    def __init__(self) -> None:
+        self.poller = select.poll() if hasattr(select, "poll") else None
+        self.fds: dict[int, tuple[int, bool]] = {}  # fd -> (worker, is its sentinel)
+
+    def ready(self, workers: list[Any], timeout: float | None) -> list[tuple[int, bool]]:
+        """(worker, is its sentinel) for every pipe or sentinel ready within ``timeout``."""
+        if self.poller is None:  # no select.poll here: build the wait list each time
+            conns: dict[Any, tuple[int, bool]] = {}
+            for w, wk in enumerate(workers):
+                if wk is not None:
+                    conns[wk.results] = (w, False)
+                    conns[wk.proc.sentinel] = (w, True)
+            return [conns[obj] for obj in wait(list(conns), timeout)] if conns else []
+        if not self.fds:
+            return []
+        ms = -1 if timeout is None else max(0, math.ceil(timeout * 1000))
+        while True:
+            try:
+                ready = self.poller.poll(ms)
+                break
+            except InterruptedError:  # pragma: no cover - PEP 475 retries on its own
+                continue
+        return [self.fds[fd] for fd, _ in ready if fd in self.fds]
+
+    def watch(self, w: int, wk: Any) -> None:
+        if self.poller is not None:
+            for fd, sentinel in ((wk.results.fileno(), False), (wk.proc.sentinel, True)):
+                self.poller.register(fd, select.POLLIN | select.POLLHUP | select.POLLERR)
+                self.fds[fd] = (w, sentinel)
+
+    def unwatch(self, workers: list[Any], wk: Any) -> None:
+        if self.poller is not None:
+            for fd in [fd for fd, (w, _) in self.fds.items() if workers[w] is wk]:
+                self.poller.unregister(fd)
+                del self.fds[fd]

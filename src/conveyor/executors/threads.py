@@ -16,7 +16,9 @@ from typing import Any
 from ..errors import Failure, capture
 from .base import Event, Executor, Ledger
 from .task import Result, Task
-from .worker import WorkerSpec, _set_info, rng_lock, start_worker, torch_for
+from .info import set_info
+from .seeding import rng_lock
+from .worker import WorkerSpec, start_worker, torch_for
 
 __all__ = ["ThreadExecutor"]
 
@@ -122,7 +124,7 @@ class ThreadExecutor(Executor):
                 self.busy[worker] = False
         finally:
             fetcher.close()
-            _set_info(None, thread=True)
+            set_info(None, thread=True)
 
     def _take(self, worker: int, q: queue.SimpleQueue[Any], taken: collections.deque[Task | None],
               fetcher: Any) -> None:

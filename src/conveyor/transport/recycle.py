@@ -20,9 +20,10 @@ import collections
 import threading
 import time
 import weakref
-from typing import Any
 
 import numpy as np
+
+from .._platform import malloc
 
 __all__ = ["Recycler"]
 
@@ -80,7 +81,7 @@ class Recycler:
         if mem is None:
             t0 = time.perf_counter()
             mem = bytearray(nbytes + PAGE)  # zero-filled: faulted in once, here
-            _as_if_freed(nbytes + PAGE)
+            malloc.as_if_freed(nbytes + PAGE)
             self.fresh_s += time.perf_counter() - t0
             self.created += 1
         # the root is a view of a non-array buffer, so every view made from it keeps the root
@@ -107,34 +108,3 @@ class Recycler:
         with self.lock:
             self.returned.clear()
             self.free.clear()
-
-
-_libc: Any = None  # glibc's malloc and free (False: another C library)
-
-
-def _as_if_freed(nbytes: int) -> None:
-    """Tell glibc's malloc what freeing a batch of ``nbytes`` would have told it.
-
-    Freeing a large (mmapped) chunk makes glibc raise its mmap threshold to that size and
-    its trim threshold to twice it, so that the heap stops going back to the kernel after
-    every batch. A kept buffer is never freed, so that never happened: each batch's
-    samples were faulted in anew (numpy 3x64x64 float32 samples in batches of 128: 43.7k
-    page faults and 0.22 s an epoch, against 5.3k and 0.11 s with nothing kept). Freeing a
-    chunk of the same size, never touched, does it (glibc does nothing where the user has
-    set the thresholds, or past its 32 MB cap)."""
-    global _libc
-    if _libc is None:
-        _libc = False
-        try:
-            import ctypes
-            import platform
-
-            if platform.libc_ver()[0] == "glibc":
-                lib = ctypes.CDLL(None)
-                lib.malloc.restype, lib.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
-                lib.free.restype, lib.free.argtypes = None, [ctypes.c_void_p]
-                _libc = lib
-        except (OSError, AttributeError):
-            pass
-    if _libc:
-        _libc.free(_libc.malloc(nbytes))

@@ -22,7 +22,7 @@ try:  # CPython's own binding of shm_open/shm_unlink (POSIX only)
 except ImportError:  # pragma: no cover - Windows
     _posixshmem = None
 
-__all__ = ["Segment", "available", "new_prefix", "sweep", "sweep_stale", "shm_dir_free"]
+__all__ = ["Segment", "available", "is_segment_path", "new_prefix", "sweep", "sweep_stale", "shm_dir_free"]
 
 _SHM_DIR = "/dev/shm"
 PAGE = mmap.PAGESIZE
@@ -48,6 +48,11 @@ def new_prefix() -> str:
     """A name prefix unique to one loader of this process: its pid, its PID namespace and a
     random token (``sweep_stale`` reads the first two)."""
     return f"conveyor_{os.getpid()}_{_NAMESPACE or '0'}_{secrets.token_hex(4)}_"
+
+
+def is_segment_path(path: str) -> bool:
+    """Is ``path`` (a file's, as ``/proc/self/fd`` names it) one of conveyor's segments?"""
+    return os.path.dirname(path) == _SHM_DIR and os.path.basename(path).startswith("conveyor_")
 
 
 def _dead_owner(name: str) -> bool:
