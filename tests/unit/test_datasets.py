@@ -32,7 +32,7 @@ from conveyor.datasets import (
     random_split,
 )
 
-SRC = str(Path(__file__).resolve().parents[1] / "src")
+SRC = str(Path(__file__).resolve().parents[2] / "src")
 
 
 def _torch() -> Any:

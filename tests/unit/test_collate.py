@@ -33,7 +33,7 @@ from conveyor.collate import (
     use_allocator,
 )
 
-SRC = Path(__file__).resolve().parents[1] / "src"
+SRC = Path(__file__).resolve().parents[2] / "src"
 
 
 # --------------------------------------------------------------------------- helpers
