@@ -2,7 +2,8 @@
 
 The reference is an uninterrupted run; the interrupted one stops after k
 batches, saves ``state_dict()`` through ``json.dumps``/``json.loads`` and a
-NEW loader (possibly with another worker count, type or prefetch) loads it.
+NEW loader (possibly with another worker count, type or prefetch) loads it
+(tests/resume_harness.py, shared with the other test files).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from helpers import Stream
+from resume_harness import carry, cut, expected_after, interrupted, resume, resumes_exactly, run_epochs
 from test_determinism import Noisy
 
 import conveyor
@@ -138,54 +140,6 @@ def make(kind: str, n: int = 23, batch_size: int = 4, drop_last: bool = False, *
     return DataLoader(Noisy(n), batch_size=batch_size, drop_last=drop_last, **loader_kw(kind, n), **kw)
 
 
-def run_epochs(loader: DataLoader[Any], count: int = EPOCHS) -> list[list[list[list[int]]]]:
-    with loader:
-        return [[b.tolist() for b in loader] for _ in range(count)]
-
-
-def interrupted(first: DataLoader[Any], second: DataLoader[Any], step: int,
-                count: int = EPOCHS, exhaust: bool = False) -> list[list[list[list[int]]]]:
-    """Stop ``first`` after ``step`` batches (counted over epochs), resume in ``second``.
-
-    Returns the batches ``second`` yields: the rest of the interrupted epoch,
-    then the epochs after it, up to ``count`` epochs in all. ``exhaust``: when
-    ``step`` ends an epoch, run its iterator to StopIteration before saving.
-    """
-    with first:
-        it = iter(first)
-        done = 0
-        epoch = 0
-        while done < step:
-            try:
-                next(it)
-            except StopIteration:
-                assert epoch + 1 < count, "asked to stop after the last epoch"
-                it = iter(first)
-                epoch += 1
-                continue
-            done += 1
-        if exhaust:
-            next(it, None)
-        if done and done == sum(len(first) for _ in range(epoch + 1)):
-            epoch += 1  # every batch of the epoch handed out: the state names the next one
-        state = json.loads(json.dumps(first.state_dict()))
-    with second:
-        second.load_state_dict(state)
-        return [[b.tolist() for b in second] for _ in range(count - epoch)]
-
-
-def expected_after(ref: list[list[Any]], step: int) -> list[list[Any]]:
-    """The batches an uninterrupted run yields after ``step`` batches, epoch by epoch (after
-    an epoch's last batch, the next epoch: a state saved there names it)."""
-    if step == 0:
-        return ref
-    epoch = 0
-    while epoch < len(ref) and step >= len(ref[epoch]):
-        step -= len(ref[epoch])
-        epoch += 1
-    return ([ref[epoch][step:]] if epoch < len(ref) else []) + ref[epoch + 1:]
-
-
 # --------------------------------------------------------------------------- the state itself
 
 
@@ -244,18 +198,14 @@ def test_state_of_a_replayed_sampler_does_not_grow_with_the_dataset(kind: str) -
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("step", [0, 1, 3, 5])
 def test_resume_mid_epoch_gives_the_uninterrupted_run(kind: str, step: int) -> None:
-    ref = run_epochs(make(kind))
-    got = interrupted(make(kind), make(kind), step)
-    assert got == expected_after(ref, step)
+    resumes_exactly(lambda: make(kind), step, epochs=EPOCHS)
 
 
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("kind", KINDS)
 def test_resume_at_an_epoch_boundary(kind: str) -> None:
     """Stopped after a whole epoch (no next iterator yet): the next loader starts epoch 1."""
-    ref = run_epochs(make(kind))
-    got = interrupted(make(kind), make(kind), len(ref[0]))
-    assert got == expected_after(ref, len(ref[0]))
+    resumes_exactly(lambda: make(kind), len(make(kind)), epochs=EPOCHS)
 
 
 @pytest.mark.timeout(60)
@@ -263,14 +213,8 @@ def test_resume_at_an_epoch_boundary(kind: str) -> None:
 @pytest.mark.parametrize("kind", KINDS)
 def test_resume_after_a_finished_epoch(kind: str, workers: int) -> None:
     """The epoch ran to StopIteration before saving: the new loader starts the next epoch."""
-    ref = run_epochs(make(kind))
     kw = {"num_workers": workers, "worker_type": "thread"} if workers else {}
-    with make(kind, **kw) as first:
-        assert [b.tolist() for b in first] == ref[0]
-        state = json.loads(json.dumps(first.state_dict()))
-    second = make(kind)
-    second.load_state_dict(state)
-    assert run_epochs(second, EPOCHS - 1) == ref[1:]
+    resumes_exactly(lambda: make(kind), len(make(kind)), epochs=EPOCHS, first=lambda: make(kind, **kw), exhaust=True)
 
 
 @pytest.mark.timeout(60)
@@ -294,10 +238,7 @@ def test_a_state_after_an_epochs_last_batch_names_the_next_epoch(kind: str) -> N
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("kind", KINDS)
 def test_resume_in_a_later_epoch(kind: str) -> None:
-    ref = run_epochs(make(kind))
-    step = len(ref[0]) + 2
-    got = interrupted(make(kind), make(kind), step)
-    assert got == expected_after(ref, step)
+    resumes_exactly(lambda: make(kind), len(make(kind)) + 2, epochs=EPOCHS)
 
 
 NEW = [
@@ -311,19 +252,16 @@ NEW = [
 @pytest.mark.parametrize("new", NEW, ids=["threads2-pf4", "procs3-pf1", "proc1-ft3"])
 @pytest.mark.parametrize("kind", ["shuffle-seed", "shuffle-generator", "weighted", "custom"])
 def test_resume_with_other_workers(kind: str, new: dict[str, Any]) -> None:
-    ref = run_epochs(make(kind))
-    got = interrupted(make(kind, num_workers=2, adaptive=False), make(kind, **new), 3)
-    assert got == expected_after(ref, 3)
+    resumes_exactly(lambda: make(kind), 3, epochs=EPOCHS, first=lambda: make(kind, num_workers=2, adaptive=False),
+                    resumed=lambda: make(kind, **new))
 
 
 @pytest.mark.timeout(60)
 def test_resume_from_a_fresh_loader_state() -> None:
     """A state taken before any iteration resumes from the very beginning."""
-    ref = run_epochs(make("shuffle-seed"))
-    state = json.loads(json.dumps(make("shuffle-seed").state_dict()))
-    second = make("shuffle-seed")
-    second.load_state_dict(state)
-    assert run_epochs(second) == ref
+    ref = run_epochs(make("shuffle-seed"), EPOCHS)
+    state = carry(make("shuffle-seed").state_dict(), "json")
+    assert resume(make("shuffle-seed"), state, EPOCHS) == ref
 
 
 # --------------------------------------------------------------------------- misuse
@@ -351,11 +289,9 @@ def test_sampler_without_state_dict_resumes_by_replaying(sampler: Any, as_batch_
             return DataLoader(Noisy(10), batch_sampler=torch.utils.data.BatchSampler(sampler, 2, False), seed=3)
         return DataLoader(Noisy(10), batch_size=2, sampler=sampler, seed=3)
 
-    ref = run_epochs(build())
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # a sampler that replays exactly: no warning
-        got = interrupted(build(), build(), len(ref[0]) + 2)
-    assert got == expected_after(ref, len(ref[0]) + 2)
+        resumes_exactly(build, len(build()) + 2, epochs=EPOCHS)
 
 
 class Counting(Stateless):
@@ -374,19 +310,13 @@ class Counting(Stateless):
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("at_end", [False, True], ids=["mid-epoch", "epoch-end"])
 def test_a_sampler_that_does_not_replay_is_a_warning(at_end: bool) -> None:
-    first = DataLoader(Noisy(10), batch_size=2, sampler=Counting(10), seed=3)
-    with first:
-        list(first)
-        it = iter(first)
-        if at_end:
-            list(it)
-        else:
-            next(it)
-        state = json.loads(json.dumps(first.state_dict()))
-    second = DataLoader(Noisy(10), batch_size=2, sampler=Counting(10), seed=3)
-    second.load_state_dict(state)
+    def build() -> DataLoader[Any]:
+        return DataLoader(Noisy(10), batch_size=2, sampler=Counting(10), seed=3)
+
+    # a whole epoch, then the next one's first batch or all of it (to its StopIteration)
+    state = cut(build(), 2 * len(build()) if at_end else len(build()) + 1, exhaust=at_end).state
     with pytest.warns(UserWarning, match="drew other batches"):
-        list(second)
+        resume(build(), state)
 
 
 @pytest.mark.timeout(60)
@@ -421,7 +351,7 @@ def test_a_sampler_drawing_from_a_global_rng_resumes_exactly(which: str, workers
     ref = run_epochs(build(), 2)
     seed_all(0)
     step = len(ref[0]) + 2
-    got = interrupted(build(), build(), step, count=2)  # the helper does not touch the RNGs
+    got = interrupted(build(), build(), step, 2)  # the harness does not touch the RNGs
     assert got[0] == expected_after(ref, step)[0]
 
     # a resume with the checkpoint's RNGs restored by the caller: every later epoch is the same too,
@@ -513,13 +443,11 @@ def test_resume_property(case: dict[str, Any]) -> None:
         return make(case["kind"], n=case["n"], batch_size=case["batch_size"], drop_last=case["drop_last"],
                     **WORKERS[workers])
 
-    ref = run_epochs(build(0))
-    per_epoch = len(ref[0])
+    per_epoch = len(build(0))
     step = case["step"] % (2 * per_epoch + 1) if per_epoch else 0
     exhaust = case["exhaust"] and step > 0 and step % per_epoch == 0  # the same state, StopIteration or not
-    got = interrupted(build(case["before"]), build(case["after"]), step, exhaust=exhaust)
-    want = expected_after(ref, step)
-    assert got == want
+    resumes_exactly(lambda: build(0), step, epochs=EPOCHS, first=lambda: build(case["before"]),
+                    resumed=lambda: build(case["after"]), exhaust=exhaust)
 
 
 @pytest.mark.timeout(60)
@@ -528,9 +456,8 @@ def test_shuffle_flag_with_sequential_sampler_defaults(shuffle: bool) -> None:
     """The loader's own samplers: SequentialSampler or RandomSampler, resumable in both modes."""
     loader = DataLoader(Noisy(11), batch_size=3, shuffle=shuffle, seed=1)
     assert isinstance(loader.sampler, RandomSampler if shuffle else SequentialSampler)
-    ref = run_epochs(DataLoader(Noisy(11), batch_size=3, shuffle=shuffle, seed=1))
-    got = interrupted(loader, DataLoader(Noisy(11), batch_size=3, shuffle=shuffle, seed=1), 2)
-    assert got == expected_after(ref, 2)
+    resumes_exactly(lambda: DataLoader(Noisy(11), batch_size=3, shuffle=shuffle, seed=1), 2, epochs=EPOCHS,
+                    first=lambda: loader)
 
 
 # --------------------------------------------------------------------------- iterators not yet begun
@@ -542,7 +469,7 @@ def test_shuffle_flag_with_sequential_sampler_defaults(shuffle: bool) -> None:
 def test_state_of_an_iterator_not_yet_advanced_names_its_epoch(kind: str, workers: int) -> None:
     # after a whole epoch, iter() makes the next one's iterator; saved before its first batch,
     # the state resumes that epoch (not a repeat of the one that ended)
-    ref = run_epochs(make(kind, num_workers=workers))
+    ref = run_epochs(make(kind, num_workers=workers), EPOCHS)
     first = make(kind, num_workers=workers)
     with first:
         assert [b.tolist() for b in first] == ref[0]
@@ -550,10 +477,7 @@ def test_state_of_an_iterator_not_yet_advanced_names_its_epoch(kind: str, worker
         state = json.loads(json.dumps(first.state_dict()))
         assert (state["epoch"], state["batches"]) == (1, 0)
         del it
-    second = make(kind, num_workers=workers)
-    with second:
-        second.load_state_dict(state)
-        assert [[b.tolist() for b in second] for _ in range(EPOCHS - 1)] == ref[1:]
+    assert resume(make(kind, num_workers=workers), state, EPOCHS - 1) == ref[1:]
 
 
 def test_prefetch_factor_zero_is_refused() -> None:
@@ -597,11 +521,7 @@ def test_resume_after_batches_handed_out_of_order(resume_in_order: bool, resume_
         return DataLoader(SlowAt(24, {4, 5}), batch_size=2, num_workers=workers, in_order=in_order,
                           adaptive=False, seed=1, sampler=list(range(24)) if replayed else None)
 
-    first = make_loader(False)
-    with first:
-        it = iter(first)
-        got = [next(it).tolist() for _ in range(4)]
-        state = json.loads(json.dumps(first.state_dict()))
+    got, state, _ = cut(make_loader(False), 4)
     assert [4, 5] not in got and state["batches"] <= 2 and state.get("done"), (got, state)
     second = make_loader(resume_in_order, resume_workers)
     with second:
@@ -620,17 +540,7 @@ def test_resume_a_stream_mid_epoch(workers: int) -> None:
     def make_loader() -> DataLoader[Any]:
         return DataLoader(Stream(11, "torch"), batch_size=2, num_workers=workers)
 
-    ref = run_epochs(make_loader(), 2)
-    first = make_loader()
-    with first:
-        it = iter(first)
-        head = [next(it).tolist() for _ in range(3)]
-        state = json.loads(json.dumps(first.state_dict()))
-    assert head == ref[0][:3]
-    second = make_loader()
-    with second:
-        second.load_state_dict(state)
-        assert [[b.tolist() for b in second] for _ in range(2)] == [ref[0][3:], ref[1]]
+    resumes_exactly(make_loader, 3, epochs=2)
 
 
 @pytest.mark.timeout(60)
@@ -679,15 +589,8 @@ def test_resume_a_stream_handed_out_of_order() -> None:
     def make_loader() -> DataLoader[Any]:
         return DataLoader(SlowStream(24), batch_size=2, num_workers=2, in_order=False)
 
-    first = make_loader()
-    with first:
-        it = iter(first)
-        got = [next(it).tolist() for _ in range(4)]
-        state = json.loads(json.dumps(first.state_dict()))
-    second = make_loader()
-    with second:
-        second.load_state_dict(state)
-        rest = [b.tolist() for b in second]
+    got, state, _ = cut(make_loader(), 4)
+    [rest] = resume(make_loader(), state)
     assert sorted(got + rest) == sorted(b.tolist() for b in DataLoader(SlowStream(24), batch_size=2, num_workers=2))
 
 
@@ -714,16 +617,9 @@ def test_resume_a_stream_whose_replicas_end_apart(in_order: bool, worker_type: s
         return DataLoader(Uneven(), batch_size=2, num_workers=2, worker_type=worker_type, in_order=in_order, seed=0)
 
     full = sorted(b.tolist() for b in make_loader())
-    first = make_loader()
-    with first:
-        it = iter(first)
-        got = [next(it).tolist() for _ in range(4)]
-        state = json.loads(json.dumps(first.state_dict()))
+    got, state, _ = cut(make_loader(), 4)
     assert sum(state["replicas"]) == state["batches"] == 4
-    second = make_loader()
-    with second:
-        second.load_state_dict(state)
-        rest = [b.tolist() for b in second]
+    [rest] = resume(make_loader(), state)
     assert sorted(got + rest) == full
 
 
@@ -746,16 +642,9 @@ def test_resume_after_a_batch_skipped_whole(in_order: bool) -> None:
     def make_loader() -> DataLoader[Any]:
         return DataLoader(HoleAt(), batch_size=2, on_error="skip", max_failures=10, in_order=in_order)
 
-    first = make_loader()
-    with first:
-        it = iter(first)
-        got = [next(it).tolist() for _ in range(3)]
-        state = json.loads(json.dumps(first.state_dict()))
+    got, state, _ = cut(make_loader(), 3)
     assert got == [[0, 1], [2, 3], [6, 7]] and state["batches"] == 4 and "done" not in state
-    second = make_loader()
-    with second:
-        second.load_state_dict(state)
-        assert [b.tolist() for b in second] == [[8, 9], [10, 11]]
+    assert resume(make_loader(), state) == [[[8, 9], [10, 11]]]
 
 
 @pytest.mark.timeout(60)
@@ -817,23 +706,7 @@ def test_a_seeded_stream_resumes_with_its_epochs_draws(persistent: bool) -> None
     def make_loader() -> DataLoader[Any]:
         return DataLoader(DrawingStream(), batch_size=2, seed=7, num_workers=1, persistent_workers=persistent)
 
-    def flat(batches: Any) -> list[Any]:
-        return [(b[0].tolist(), b[1].flatten().tolist()) for b in batches]
-
-    ref = make_loader()
-    with ref:
-        expected = [flat(ref), flat(ref)]
-    first = make_loader()
-    with first:
-        epoch0 = flat(first)
-        it = iter(first)
-        head = flat([next(it)])
-        state = json.loads(json.dumps(first.state_dict()))
-        del it
-    second = make_loader()
-    with second:
-        second.load_state_dict(state)
-        assert [epoch0, head + flat(second)] == expected
+    resumes_exactly(make_loader, 3, epochs=2)  # epoch 0's two batches, then one of epoch 1
 
 
 @pytest.mark.timeout(60)
