@@ -202,6 +202,13 @@ def test_resume_mid_epoch_gives_the_uninterrupted_run(kind: str, step: int) -> N
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.parametrize("kind", ["shuffle-generator", "custom", "torch-random"])
+def test_a_state_carried_by_pickle_resumes_as_one_carried_by_json(kind: str) -> None:
+    # torch.save(loader.state_dict()) pickles the state: the objects it gives back must load
+    resumes_exactly(lambda: make(kind), 5, epochs=EPOCHS, via="pickle")
+
+
+@pytest.mark.timeout(60)
 @pytest.mark.parametrize("kind", KINDS)
 def test_resume_at_an_epoch_boundary(kind: str) -> None:
     """Stopped after a whole epoch (no next iterator yet): the next loader starts epoch 1."""
