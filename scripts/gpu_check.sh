@@ -4,8 +4,8 @@
 #   bash scripts/gpu_check.sh [OUT_DIR]
 #
 # Runs from the source tree with whatever python3, torch and pytest the machine has (no
-# install): the CUDA tests of tests/test_device.py, the leak and doc tests (the Python there
-# may not be CI's 3.11), scripts/pinned_copy_race.py, then benchmarks/bench_device.py.
+# install): the CUDA tests of tests/integration/test_device.py, the leak and doc tests (the
+# Python there may not be CI's 3.11), scripts/pinned_copy_race.py, then benchmarks/bench_device.py.
 # Logs and the device results go to OUT_DIR (default $OUT, else ./gpu-check). Each step has
 # its own time limit; the script exits non-zero if any step failed, after running them all.
 set -u
@@ -29,8 +29,8 @@ step() {  # step NAME SECONDS COMMAND...
 }
 { nvidia-smi -L 2>&1; python3 -c "import sys, torch; print(sys.version.split()[0], torch.__version__, torch.cuda.is_available())"; } \
     | tee "$out/summary.txt"
-step device_tests 240 python3 -m pytest tests/test_device.py -q -rs -p no:cacheprovider
-step leaks_docs 240 python3 -m pytest tests/test_leaks.py tests/test_docs.py -q -p no:cacheprovider
+step device_tests 240 python3 -m pytest tests/integration/test_device.py -q -rs -p no:cacheprovider
+step leaks_docs 240 python3 -m pytest tests/integration/test_leaks.py tests/integration/test_docs.py -q -p no:cacheprovider
 step pinned_copy_race 120 python3 scripts/pinned_copy_race.py
 step bench_device 300 python3 benchmarks/bench_device.py
 # the device results this run wrote (without CUDA the benchmark skips and writes none)

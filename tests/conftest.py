@@ -1,11 +1,12 @@
 """Shared pytest setup: import paths for spawned workers and subprocess scripts.
 
-Spawned workers import test datasets by module name, so ``tests/`` and
-``src/`` go on ``sys.path`` (and on ``PYTHONPATH`` for scripts run in a
-subprocess). multiprocessing's resource tracker is started once up front, so
-that leak snapshots taken inside tests already count it. The system temp
-folder is a private one for the session, checked at its end for conveyor's
-leftovers.
+Spawned workers import test datasets by module name, so ``src/``, ``tests/``
+(the shared helpers) and ``tests/unit`` and ``tests/integration`` (datasets a test
+module defines, and the few test modules another imports) go on ``sys.path`` (and on
+``PYTHONPATH`` for scripts run in a subprocess). multiprocessing's resource tracker
+is started once up front, so that leak snapshots taken inside tests already count it.
+The system temp folder is a private one for the session, checked at its end for
+conveyor's leftovers.
 """
 
 from __future__ import annotations
@@ -21,12 +22,13 @@ import pytest
 
 TESTS = Path(__file__).resolve().parent
 SRC = TESTS.parent / "src"
+PATHS = [str(SRC), str(TESTS), str(TESTS / "unit"), str(TESTS / "integration")]
 
-for _p in (str(SRC), str(TESTS)):
+for _p in reversed(PATHS):
     if _p not in sys.path:
         sys.path.insert(0, _p)
 os.environ["PYTHONPATH"] = os.pathsep.join(
-    [str(SRC), str(TESTS)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
+    PATHS + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and p not in PATHS])
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -60,6 +62,6 @@ def _resource_tracker(_private_temp: Path) -> None:
 def script_env() -> dict[str, str]:
     """Environment for a Python subprocess that imports conveyor and the test helpers."""
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(SRC), str(TESTS)])
+    env["PYTHONPATH"] = os.pathsep.join(PATHS)
     env.pop("PYTEST_CURRENT_TEST", None)
     return env

@@ -30,7 +30,7 @@ from conveyor.device import DevicePrefetcher, SlotPinner, pin, register_pinned, 
 
 CUDA = torch.cuda.is_available()
 needs_cuda = pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
-SRC = str(Path(__file__).resolve().parents[1] / "src")
+SRC = str(Path(__file__).resolve().parents[2] / "src")
 
 Pair = namedtuple("Pair", ["image", "label"])
 

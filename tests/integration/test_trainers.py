@@ -19,7 +19,7 @@ import torch
 import conveyor
 from helpers import wait_until
 
-TESTS = Path(__file__).resolve().parent
+TESTS = Path(__file__).resolve().parents[1]
 
 
 def _group_members(pgid: int) -> list[int]:

@@ -8,8 +8,6 @@ from __future__ import annotations
 import itertools
 import json
 import math
-import subprocess
-import sys
 import time
 from typing import Any
 
@@ -427,20 +425,6 @@ def test_seed_mode_without_torch(monkeypatch: pytest.MonkeyPatch) -> None:
     assert len(d) == 5 and list(d) == list(DistributedSampler(range(10), 2, 0))
     d.set_epoch(1)
     assert list(d) != list(DistributedSampler(range(10), 2, 0))
-
-
-def test_import_without_torch() -> None:
-    code = (
-        "import sys, conveyor, conveyor._torch as t\n"
-        "before = 'torch' in sys.modules\n"
-        "t._available = False\n"
-        "from conveyor import samplers as s\n"
-        "list(s.RandomSampler(range(5))); list(s.SubsetRandomSampler([1, 2]))\n"
-        "list(s.WeightedRandomSampler([1, 2], 3)); list(s.DistributedSampler(range(5), 2, 0))\n"
-        "list(s.BatchSampler(s.SequentialSampler(range(5)), 2, False))\n"
-        "assert before or 'torch' not in sys.modules\n"
-    )
-    subprocess.run([sys.executable, "-c", code], check=True)
 
 
 # ---------------------------------------------------------------- weighted

@@ -16,7 +16,8 @@ import torch.utils.data as tud
 
 import conveyor
 from conveyor.executors import grouping, task
-from helpers import WORKERS, Failing, Images, Squares, same_epochs
+from helpers import WORKERS, Failing, Images, Squares, key, same_epochs
+from resume_harness import resumes_exactly
 
 PROCESS = {"num_workers": 2, "worker_type": "process", "persistent_workers": True, **WORKERS}
 
@@ -115,17 +116,7 @@ def test_a_worker_killed_inside_a_group_is_replaced_and_nothing_is_lost(grouped:
 def test_resume_inside_grouped_batches_gives_the_rest_of_the_epoch(grouped: list[int]) -> None:
     ds = Squares(301)
     opts = {"batch_size": 4, "shuffle": True, "seed": 3, **PROCESS}
-    with conveyor.DataLoader(ds, **opts) as loader:
-        whole = list(loader)
-    with conveyor.DataLoader(ds, **opts) as loader:
-        it = iter(loader)
-        head = [next(it) for _ in range(29)]
-        state = loader.state_dict()
-        del it
-    with conveyor.DataLoader(ds, **opts) as loader:
-        loader.load_state_dict(state)
-        tail = list(loader)
-    same_epochs([head + tail], [whole])
+    resumes_exactly(lambda: conveyor.DataLoader(ds, **opts), 29, via=None, convert=key)
     assert grouped[1] > 0
 
 

@@ -14,7 +14,7 @@ import pytest
 
 import conveyor
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _modules() -> list[str]:

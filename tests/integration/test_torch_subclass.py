@@ -20,6 +20,7 @@ import conveyor
 from conveyor import DataLoader
 from conveyor.epoch import Run as _Run
 from helpers import Snapshot, assert_no_leaks
+from resume_harness import resumes_exactly
 
 
 def epochs(loader: Any, n: int = 2) -> list[list[list[int]]]:
@@ -132,15 +133,7 @@ def test_a_probe_after_load_state_dict_keeps_the_resumed_position() -> None:
     def make() -> Any:
         return DataLoader(list(range(20)), batch_size=4, shuffle=True, seed=3, output="numpy")
 
-    with make() as loader:
-        it = iter(loader)
-        next(it), next(it)
-        state = loader.state_dict()
-        rest = [b.tolist() for b in it]
-    with make() as resumed:
-        resumed.load_state_dict(state)
-        iter(resumed)  # probed, dropped
-        assert [b.tolist() for b in resumed] == rest
+    resumes_exactly(make, 2, via=None, after_load=iter)  # after the load: an iterator probed, dropped
 
 
 NO_TORCH = textwrap.dedent("""

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import gc
 import threading
-from typing import Any
 
 import numpy as np
 import pytest
@@ -160,41 +159,3 @@ def test_the_recycler_is_left_out_while_batches_are_small_and_back_once_they_gro
         assert loader._recycler.asked >= big_batches - ALLOC_RECHECK
         assert fetcher.alloc_idle == 0
         assert loader._recycler.created < loader._recycler.asked, "buffers came back and were reused"
-
-
-FAULTS = """
-import resource, sys
-import numpy as np
-import conveyor
-
-class Arrays:
-    def __len__(self):
-        return 128 * 24
-    def __getitem__(self, i):
-        return np.ones((3, 64, 64), dtype=np.float32)  # 48 KB: from the heap, not mmap
-
-loader = conveyor.DataLoader(Arrays(), batch_size=128, num_workers=0, output="numpy")
-for b in loader:  # the kept buffer is made; glibc learns the batch size
-    pass
-before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-for b in loader:
-    pass
-print((resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / len(loader))
-"""
-
-
-@pytest.mark.timeout(60)
-def test_a_kept_buffer_does_not_keep_glibc_trimming_the_heap_after_each_batch(tmp_path: Any,
-                                                                            script_env: dict[str, str]) -> None:
-    # freeing a batch (an mmapped chunk) makes glibc raise its trim threshold; a buffer the
-    # recycler keeps is never freed, so each batch's 128 samples (6 MB) went back to the
-    # kernel and were faulted in again (110-450 page faults a batch; under 1 with the hint)
-    import platform
-    import subprocess
-    import sys
-
-    if platform.libc_ver()[0] != "glibc":
-        pytest.skip("glibc's malloc thresholds only")
-    out = subprocess.run([sys.executable, "-c", FAULTS], capture_output=True, text=True, env=script_env, timeout=50)
-    assert out.returncode == 0, out.stderr
-    assert float(out.stdout) < 25, out.stdout  # without: 110 here

@@ -17,7 +17,7 @@ import torch
 from conveyor import DataLoader
 from conveyor.distributed import ShardedIterable, rank_and_world, shard_iterable, worker_and_count
 
-TESTS = Path(__file__).resolve().parent
+TESTS = Path(__file__).resolve().parents[1]
 N = 23  # as in ddp_check.py
 
 
