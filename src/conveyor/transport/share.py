@@ -117,8 +117,8 @@ def located(a: np.ndarray) -> _Span | None:
     return None
 
 
-def _anonymous(size: int) -> _segment.Segment:
-    seg = _segment.Segment.anonymous(size)
+def _anonymous(size: int, fill: Any = None) -> _segment.Segment:
+    seg = _segment.Segment.anonymous(size, fill)
     start = _address(np.frombuffer(seg.buf, dtype=np.uint8, count=1))
     with _lock:
         bisect.insort(_starts, start)
@@ -137,13 +137,35 @@ def place(a: np.ndarray) -> np.ndarray:
     raises OSError where shared memory cannot be had."""
     t0 = time.perf_counter()
     order = "F" if a.flags.f_contiguous and not a.flags.c_contiguous else "C"
-    seg = _anonymous(max(1, a.nbytes))
+    seg = _anonymous(max(1, a.nbytes), lambda fd: _write(fd, a, order))
     out = np.ndarray(a.shape, dtype=a.dtype, buffer=seg.buf, order=order)
-    np.copyto(out, a, casting="no")
     _moving.s = getattr(_moving, "s", 0.0) + time.perf_counter() - t0
     if not a.flags.writeable:
         out.flags.writeable = False
     return out
+
+
+WRITE_CHUNK = 64 << 20  # bytes a write() passes at once (the kernel takes at most ~2 GB a call)
+
+
+def _write(fd: int, a: np.ndarray, order: str) -> None:
+    """Write ``a``'s elements to ``fd`` from offset 0, in ``order``, as the bytes of an
+    array of that order would lie."""
+    if a.size == 0:
+        return
+    if a.flags.c_contiguous or a.flags.f_contiguous:
+        chunks: Any = [a.reshape(-1, order=order).view(np.uint8)]  # (a view: a is contiguous so)
+    else:
+        # a strided view (every other row, a column): made contiguous a slice at a time
+        rows = max(1, WRITE_CHUNK // max(1, a[0].nbytes)) if a.ndim > 1 else max(1, WRITE_CHUNK // a.itemsize)
+        chunks = (np.ascontiguousarray(a[i:i + rows]).reshape(-1).view(np.uint8) for i in range(0, len(a), rows))
+    offset = 0
+    for flat in chunks:
+        view = memoryview(flat)
+        done = 0
+        while done < len(view):
+            done += os.pwrite(fd, view[done:done + WRITE_CHUNK], offset + done)
+        offset += done
 
 
 def _warn_once(why: str) -> None:
