@@ -310,3 +310,53 @@ def test_a_move_into_shared_memory_does_not_fault_the_copy_into_the_main_process
         assert _resident(at) < rows.nbytes // 8, (a.strides, _resident(at))
         assert placed.flags.f_contiguous == (a.flags.f_contiguous and not a.flags.c_contiguous)
         np.testing.assert_array_equal(placed, a)  # (read after the check: reading faults it in)
+
+
+def _maps_torch(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/maps") as f:
+            return "libtorch_cpu" in f.read()
+    except OSError:
+        return False
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("method", METHODS)
+def test_workers_gathering_numpy_arrays_do_not_import_torch(method: str) -> None:
+    # torch is ~1.4 s of a spawned worker's start and ~150 MB of its memory: a worker whose
+    # batches are gathered from numpy arrays sends them as arrays the main process makes
+    # tensors of (pytest's main module, re-run in each spawned worker, imports no torch)
+    import psutil
+    import torch
+
+    rows = np.arange(ROWS * 1024, dtype=np.uint8).reshape(ROWS, 1024)
+    labels = np.arange(ROWS).astype(">i4")  # a byte order torch lacks: made native, as gather does
+    with loader(conveyor.ArrayDataset(rows, labels), method, num_workers=2) as dl:
+        it = iter(dl)
+        batches = [next(it) for _ in range(4)]  # (both workers have made batches)
+        kids = psutil.Process().children(recursive=True)
+        assert len(kids) >= 2
+        assert not any(_maps_torch(p.pid) for p in kids), [(p.pid, p.name()) for p in kids]
+        batches += list(it)
+    assert len(batches) == ROWS // 64
+    for k, (x, y) in enumerate(batches):
+        assert type(x) is torch.Tensor and type(y) is torch.Tensor
+        assert x.dtype == torch.uint8 and y.dtype == torch.int32
+        np.testing.assert_array_equal(x.numpy(), rows[k * 64:(k + 1) * 64])
+        np.testing.assert_array_equal(y.numpy(), np.arange(k * 64, (k + 1) * 64))
+
+
+@pytest.mark.timeout(180)
+def test_a_worker_that_imports_torch_late_gets_it_set_up_and_seeded() -> None:
+    # torch imported by the dataset's own code in such a worker: seeded with the worker's
+    # seed (as at a start, else every worker drew the same numbers) and one thread
+    from shared_data import ImportsTorch
+
+    rows = np.arange(ROWS * 1024, dtype=np.uint8).reshape(ROWS, 1024)
+    with loader(ImportsTorch(rows), "spawn", num_workers=2) as dl:
+        batches = list(dl)
+    said = np.concatenate([b[1].numpy() for b in batches])
+    np.testing.assert_array_equal(np.concatenate([b[0].numpy() for b in batches]), rows)
+    assert (said[:, 0] == said[:, 2]).all(), said[::64]  # torch's seed is the worker's seed
+    assert (said[:, 1] == 1).all(), said[::64]  # set_num_threads(1)
+    assert len(set(said[:, 2])) == 2  # both workers made batches, with seeds of their own

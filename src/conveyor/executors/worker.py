@@ -33,6 +33,7 @@ from .. import _torch, rng
 from .._imports import find_wrapped
 from ..collate import use_allocator
 from ..errors import Failure, capture
+from . import torchless
 from .fetchpool import Batch, FetchPool
 from .sched import process_clocks, process_demand, thread_demand
 from .task import Doorbell, Hello, Inbox, Order, Readable, Result, Task, send
@@ -994,10 +995,11 @@ def _serve(spec: WorkerSpec, worker_id: int, gen: int, tasks: Any, results: Any,
 
         reopen_private(private_files)  # files the main process opened through the dataset
     steady_malloc()
-    torch = torch_for(spec)
+    # batches gathered as numpy need no torch here: imported only if something asks for it
+    lean = torchless.defer(spec, _set_up_torch)
+    torch = None if lean else torch_for(spec)
     if torch is not None:
-        torch.set_num_threads(1)
-        _route_torch_collate(torch)
+        _set_up_torch(torch)
     stack_at = stack_path(prefix, worker_id, gen)
     from ..transport import SlotPool, Writer, encode
     from ..transport import segment as _segment
@@ -1046,6 +1048,8 @@ def _serve(spec: WorkerSpec, worker_id: int, gen: int, tasks: Any, results: Any,
         except Exception as exc:
             results.send(Hello(worker_id, os.getpid(), capture(exc, worker_id, None, "running worker_init_fn")))
             return
+        if lean and fetcher.gather is not None:
+            fetcher.gather = torchless.gather_later(fetcher.gather)
         results.send(Hello(worker_id, os.getpid()))
         queue: list[Task] = []
         rss = _Rss()
@@ -1309,6 +1313,12 @@ def steady_malloc(keep_mb: int = WORKER_HEAP_KEEP_MB) -> bool:
     m_trim_threshold, m_mmap_threshold = -1, -3
     keep = keep_mb << 20
     return bool(mallopt(m_mmap_threshold, min(keep // 2, 32 << 20))) and bool(mallopt(m_trim_threshold, keep))
+
+
+def _set_up_torch(torch: Any) -> None:
+    """A process worker's torch: one thread (the workers are the parallelism), conveyor's collate."""
+    torch.set_num_threads(1)
+    _route_torch_collate(torch)
 
 
 def _route_torch_collate(torch: Any) -> None:
