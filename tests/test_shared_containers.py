@@ -360,3 +360,95 @@ def test_a_worker_that_imports_torch_late_gets_it_set_up_and_seeded() -> None:
     assert (said[:, 0] == said[:, 2]).all(), said[::64]  # torch's seed is the worker's seed
     assert (said[:, 1] == 1).all(), said[::64]  # set_num_threads(1)
     assert len(set(said[:, 2])) == 2  # both workers made batches, with seeds of their own
+
+
+def _holds_fd_to_memfd(pid: int) -> bool:
+    try:
+        return any("memfd:conveyor" in os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd"))
+    except OSError:
+        return False
+
+
+def _has_imported_numpy(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/maps") as f:
+            return "_multiarray_umath" in f.read()
+    except OSError:
+        return False
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("method", METHODS)
+def test_workers_start_while_the_data_is_copied_and_map_it_only_once_whole(method: str, monkeypatch: Any) -> None:
+    # the copy into shared memory is written by a thread while the workers start (they import
+    # for ~0.5-1.5 s): a worker receives the segment at once and maps it only once it is sealed
+    import threading
+
+    import psutil
+
+    gate = threading.Event()
+    real = share._write
+    watched: dict[str, Any] = {}
+
+    def held(fd: int, a: np.ndarray, order: str) -> None:
+        half = len(a) // 2
+        real(fd, a[:half], order)  # (the first half written: what a worker must not read yet)
+        gate.wait(120)
+        watched["main"] = threading.current_thread() is threading.main_thread()
+        real(fd, a, order)
+
+    def release() -> None:
+        # the worker has its descriptor and has imported numpy (it is unpickling its dataset);
+        # for as long as the copy is held it must not map the segment
+        def waiting() -> list[int]:
+            return [p.pid for p in psutil.Process().children(recursive=True)
+                    if _holds_fd_to_memfd(p.pid) and _has_imported_numpy(p.pid)]
+
+        if wait_until(lambda: bool(waiting()), 90):
+            pid = waiting()[0]
+            watched["mapped_while_held"] = any(bool(memfd_maps(pid)) for _ in range(20) if not gate.wait(0.05))
+        gate.set()
+
+    monkeypatch.setattr(share, "_write", held)
+    rows = np.arange(ROWS * 2048, dtype=np.uint32).reshape(ROWS * 2, 1024).astype(np.uint8) + 1  # 2 MiB, no zeros
+    ds = conveyor.ArrayDataset(rows)
+    helper = threading.Thread(target=release)
+    helper.start()
+    try:
+        with loader(ds, method, batch_size=256) as dl:
+            got = np.concatenate([np.asarray(b[0]) for b in dl])
+    finally:
+        gate.set()
+        helper.join(60)
+    assert watched.get("main") is False  # written by a thread of its own, not the one starting workers
+    assert watched.get("mapped_while_held") is False, watched
+    np.testing.assert_array_equal(got, rows)  # every row whole: none read half-written
+    assert share.located(ds.arrays[0]) is not None  # the dataset took the copy once it was whole
+
+
+@pytest.mark.timeout(120)
+def test_a_failed_copy_reaches_the_user_and_no_worker_reads_it(monkeypatch: Any) -> None:
+    import errno
+
+    from conveyor.errors import StartupError
+
+    def fails(fd: int, a: np.ndarray, order: str) -> None:
+        os.pwrite(fd, b"\1" * 4096, 0)
+        raise OSError(errno.ENOSPC, "No space left on device (test)")
+
+    before = Snapshot.take()
+    monkeypatch.setattr(share, "_write", fails)
+    rows = np.ones((ROWS * 2, 1024), dtype=np.uint8)
+    ds = conveyor.ArrayDataset(rows)
+    dl = loader(ds, "spawn", num_workers=2)
+    with pytest.raises(StartupError) as caught:
+        list(dl)
+    dl.close()
+    err = caught.value
+    assert isinstance(err.__cause__, OSError) and err.__cause__.errno == errno.ENOSPC, repr(err.__cause__)
+    assert "could not copy the dataset's arrays into shared memory" in str(err), str(err)
+    assert ds.arrays[0] is rows  # the dataset keeps its own arrays
+    monkeypatch.undo()
+    del dl, err, caught
+    gc.collect()
+    assert_no_leaks(before)
