@@ -13,7 +13,24 @@ one-time move of the data into shared memory) and of the second (new workers: th
 steady cost of a start), and the PSS of the whole process tree (main process, fork server,
 workers: each shared page counted once over all) once both workers have made batches.
 
-    python benchmarks/spawn_start.py --sizes 50,500,2000 --machine vm2c
+The full table (what benchmarks/results/spawn_start_<machine>.md holds), every variant, 50 MB
+to 2 GB, spawn and forkserver, 3 repeats (72 cases, each in a fresh process; ~10-15 min on an
+idle 2-core VM with 24 GB, most of it making the 2 GB arrays; needs ~3x the largest size free
+in RAM):
+
+    python benchmarks/spawn_start.py --repeats 3 --machine vm2c
+
+A quicker look (conveyor's ArrayDataset beside torch only, ~2 min a repeat):
+
+    python benchmarks/spawn_start.py --variants torch,conv+AD --repeats 1 --machine scratch
+
+Each run writes results/spawn_start_<machine>.md and .json (--machine names them).
+
+Where torch is imported matters under spawn and forkserver: each worker re-runs the main
+module (multiprocessing's rule), so a script with ``import torch`` at its top imports torch in
+every worker (~1.4 s and ~150 MB each), whatever the loader. By default the cases import torch
+inside the measured function, as a script whose main module does not (a notebook, a
+``main()`` in another module); ``--torch-at-top`` measures a script that imports it at the top.
 """
 
 from __future__ import annotations
@@ -28,6 +45,9 @@ import sys
 import time
 from pathlib import Path
 from typing import Any
+
+if os.environ.get("SPAWN_START_TORCH_AT_TOP") == "1":
+    import torch  # noqa: F401 - a training script's top-level import, re-run in each worker
 
 ROW = 3072
 VARIANTS = ("torch", "conv+TD", "conv+AD", "conv+user")
@@ -47,18 +67,56 @@ class UserArrays:
         return self.x[i], self.y[i]
 
 
+def _memfd_pss(pid: int) -> dict[int, int]:
+    """inode -> the PSS bytes of the process's mappings of memfd segments."""
+    out: dict[int, int] = {}
+    inode = None
+    with open(f"/proc/{pid}/smaps") as f:
+        for line in f:
+            head = line.split(None, 6)
+            if "-" in head[0] and not head[0].endswith(":"):
+                inode = int(head[4]) if len(head) > 5 and head[5].startswith("/memfd:") else None
+            elif inode is not None and head[0] == "Pss:":
+                out[inode] = out.get(inode, 0) + int(head[1]) * 1024
+    return out
+
+
+def _memfd_allocated(pid: int) -> dict[int, int]:
+    """inode -> the bytes allocated to each memfd the process holds open."""
+    out: dict[int, int] = {}
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            if os.readlink(f"/proc/{pid}/fd/{fd}").startswith("/memfd:"):
+                st = os.stat(f"/proc/{pid}/fd/{fd}")
+                out[st.st_ino] = st.st_blocks * 512
+        except OSError:
+            pass
+    return out
+
+
 def tree_pss() -> tuple[int, int]:
-    """(PSS of this process and all its descendants, how many processes), bytes."""
+    """(memory of this process and all its descendants, how many processes), bytes: their
+    PSS, plus the pages of the memfd segments (conveyor's shared data) that no process has
+    touched yet. PSS counts a shared page only in the processes that map it and have
+    touched it: a segment written through its descriptor (conveyor) and read in part by
+    the workers would otherwise count only in part, where torch's, written through a
+    mapping in the main process, counts whole."""
     import psutil
 
     me = psutil.Process()
     total, n = 0, 0
+    touched: dict[int, int] = {}
+    allocated: dict[int, int] = {}
     for p in [me, *me.children(recursive=True)]:
         try:
             total += p.memory_full_info().pss
+            for ino, b in _memfd_pss(p.pid).items():
+                touched[ino] = touched.get(ino, 0) + b
+            allocated.update(_memfd_allocated(p.pid))
             n += 1
-        except psutil.Error:
+        except (psutil.Error, OSError):
             pass
+    total += sum(max(0, size - touched.get(ino, 0)) for ino, size in allocated.items())
     return total, n
 
 
@@ -174,7 +232,11 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--machine", default=platform.node() or "local")
     ap.add_argument("--timeout", type=float, default=600)
+    ap.add_argument("--torch-at-top", action="store_true",
+                    help="the main module imports torch at its top (so does each spawned worker)")
     args = ap.parse_args()
+    if args.torch_at_top:
+        os.environ["SPAWN_START_TORCH_AT_TOP"] = "1"
     if args.one:
         variant, mb, method = args.one
         print("RESULT " + json.dumps(one(variant, int(mb), method)), flush=True)
@@ -195,6 +257,7 @@ def main() -> None:
                     print(json.dumps(r), flush=True)
     out = HERE / "results" / f"spawn_start_{args.machine}.md"
     (HERE / "results" / f"spawn_start_{args.machine}.json").write_text(json.dumps(results, indent=1))
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     cores = os.cpu_count()
     try:
         import psutil
@@ -203,9 +266,9 @@ def main() -> None:
     except ImportError:
         ram = "RAM unknown"
     head = (f"# Worker start-up against dataset size ({args.machine})\n\n"
-            f"`python benchmarks/spawn_start.py --sizes {args.sizes} --methods {args.methods} --repeats "
-            f"{args.repeats}` on {cores} cores, {ram}, Python {platform.python_version()}; "
-            f"{time.strftime('%Y-%m-%d', time.gmtime(t_start))}, {time.time() - t_start:.0f} s in all.\n"
+            f"`python benchmarks/spawn_start.py --sizes {args.sizes} --methods {args.methods} --variants "
+            f"{args.variants} --repeats {args.repeats}{' --torch-at-top' if args.torch_at_top else ''}` on {cores} cores, {ram}, Python {platform.python_version()}; "
+            f"{time.strftime('%Y-%m-%d', time.gmtime(t_start))}, {time.time() - t_start:.0f} s in all; load average {load:.1f} at the end.\n"
             "Each cell: time from iter() to the first batch of the first epoch (which moves the data into "
             "shared memory once) and of the second epoch (new workers); the CPU seconds the main process and "
             "the workers (fork server included) spent until the first batch of the first epoch; the PSS of "

@@ -143,3 +143,20 @@ class ForkRows:
         # (smaps is read at the end of each batch of 4096 only: a read costs milliseconds)
         dirty = private_dirty(self.rows.arrays[0]) if i % 4096 == 4095 else 0
         return int(self.rows[i][0].sum()), dirty
+
+
+class ImportsTorch(ArrayDataset):
+    """An ArrayDataset whose own gather imports torch (in a worker that started without it)
+    and adds, for each row, what torch then says: its seed, its thread count, and the
+    worker's seed."""
+
+    def gather(self, indices: Any, output: Any = "auto") -> list[Any]:
+        columns = super().gather(indices, output=output)
+        import torch
+
+        import conveyor
+
+        info = conveyor.get_worker_info()
+        said = np.array([[torch.initial_seed(), torch.get_num_threads(), info.seed if info else -1]] * len(indices),
+                        dtype=np.int64)
+        return columns + [torch.from_numpy(said) if output == "torch" else said]

@@ -68,6 +68,17 @@ def seed_all(seed: int, *, numpy_seed: Any = None) -> None:
     torch = _torch.loaded()
     if torch is not None:
         torch.random.default_generator.manual_seed(seed)
+    elif defer_torch:
+        global torch_pending
+        torch_pending = seed
+
+
+# A process worker that starts without torch (``executors.torchless``) sets ``defer_torch``:
+# the seed torch's RNG would have had is kept in ``torch_pending`` and applied the moment
+# something imports torch there, which gives the same stream as seeding it then. Never in
+# the main process: the user's own torch RNG is not conveyor's to seed.
+defer_torch = False
+torch_pending: int | None = None
 
 
 class _WorkerNumpySeed:

@@ -281,3 +281,174 @@ def test_pickled_elsewhere_the_containers_carry_their_data() -> None:
     assert len(data) > rows.nbytes
     np.testing.assert_array_equal(pickle.loads(data).arrays[0], rows)
     assert pickle.loads(pickle.dumps(strings)).tobytes() == b"x" * (2 << 20)
+
+
+def _resident(address: int) -> int:
+    """Bytes of this process's mapping at ``address`` that are resident (its page-table
+    entries), from /proc/self/smaps."""
+    inside = False
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            head = line.split(None, 1)[0]
+            if "-" in head and not head.endswith(":"):
+                lo, hi = (int(x, 16) for x in head.split("-"))
+                inside = lo <= address < hi
+            elif inside and head == "Rss:":
+                return int(line.split()[1]) * 1024
+    raise AssertionError(f"no mapping at {address:#x}")
+
+
+def test_a_move_into_shared_memory_does_not_fault_the_copy_into_the_main_process() -> None:
+    # the bytes go in through the descriptor (the kernel allocates the pages as it writes):
+    # a copy through the mapping faulted in every page of it, a fault each 4 KiB (2 GB: 0.7 s
+    # of the move's 1.8 s), and left the main process's page tables holding all of them
+    rows = np.arange(64 << 16, dtype=np.uint32).reshape(64, -1).astype(np.uint8)  # 4 MiB
+    for a in (rows, np.asfortranarray(rows), rows[::2, 1::3]):
+        placed = share.place(a)
+        at = int(placed.__array_interface__["data"][0])
+        assert share.located(placed) is not None
+        assert _resident(at) < rows.nbytes // 8, (a.strides, _resident(at))
+        assert placed.flags.f_contiguous == (a.flags.f_contiguous and not a.flags.c_contiguous)
+        np.testing.assert_array_equal(placed, a)  # (read after the check: reading faults it in)
+
+
+def _maps_torch(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/maps") as f:
+            return "libtorch_cpu" in f.read()
+    except OSError:
+        return False
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("method", METHODS)
+def test_workers_gathering_numpy_arrays_do_not_import_torch(method: str) -> None:
+    # torch is ~1.4 s of a spawned worker's start and ~150 MB of its memory: a worker whose
+    # batches are gathered from numpy arrays sends them as arrays the main process makes
+    # tensors of (pytest's main module, re-run in each spawned worker, imports no torch)
+    import psutil
+    import torch
+
+    rows = np.arange(ROWS * 1024, dtype=np.uint8).reshape(ROWS, 1024)
+    labels = np.arange(ROWS).astype(">i4")  # a byte order torch lacks: made native, as gather does
+    with loader(conveyor.ArrayDataset(rows, labels), method, num_workers=2) as dl:
+        it = iter(dl)
+        batches = [next(it) for _ in range(4)]  # (both workers have made batches)
+        kids = psutil.Process().children(recursive=True)
+        assert len(kids) >= 2
+        assert not any(_maps_torch(p.pid) for p in kids), [(p.pid, p.name()) for p in kids]
+        batches += list(it)
+    assert len(batches) == ROWS // 64
+    for k, (x, y) in enumerate(batches):
+        assert type(x) is torch.Tensor and type(y) is torch.Tensor
+        assert x.dtype == torch.uint8 and y.dtype == torch.int32
+        np.testing.assert_array_equal(x.numpy(), rows[k * 64:(k + 1) * 64])
+        np.testing.assert_array_equal(y.numpy(), np.arange(k * 64, (k + 1) * 64))
+
+
+@pytest.mark.timeout(180)
+def test_a_worker_that_imports_torch_late_gets_it_set_up_and_seeded() -> None:
+    # torch imported by the dataset's own code in such a worker: seeded with the worker's
+    # seed (as at a start, else every worker drew the same numbers) and one thread
+    from shared_data import ImportsTorch
+
+    rows = np.arange(ROWS * 1024, dtype=np.uint8).reshape(ROWS, 1024)
+    with loader(ImportsTorch(rows), "spawn", num_workers=2) as dl:
+        batches = list(dl)
+    said = np.concatenate([b[1].numpy() for b in batches])
+    np.testing.assert_array_equal(np.concatenate([b[0].numpy() for b in batches]), rows)
+    assert (said[:, 0] == said[:, 2]).all(), said[::64]  # torch's seed is the worker's seed
+    assert (said[:, 1] == 1).all(), said[::64]  # set_num_threads(1)
+    assert len(set(said[:, 2])) == 2  # both workers made batches, with seeds of their own
+
+
+def _holds_fd_to_memfd(pid: int) -> bool:
+    try:
+        return any("memfd:conveyor" in os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd"))
+    except OSError:
+        return False
+
+
+def _has_imported_numpy(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/maps") as f:
+            return "_multiarray_umath" in f.read()
+    except OSError:
+        return False
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("method", METHODS)
+def test_workers_start_while_the_data_is_copied_and_map_it_only_once_whole(method: str, monkeypatch: Any) -> None:
+    # the copy into shared memory is written by a thread while the workers start (they import
+    # for ~0.5-1.5 s): a worker receives the segment at once and maps it only once it is sealed
+    import threading
+
+    import psutil
+
+    gate = threading.Event()
+    real = share._write
+    watched: dict[str, Any] = {}
+
+    def held(fd: int, a: np.ndarray, order: str) -> None:
+        half = len(a) // 2
+        real(fd, a[:half], order)  # (the first half written: what a worker must not read yet)
+        gate.wait(120)
+        watched["main"] = threading.current_thread() is threading.main_thread()
+        real(fd, a, order)
+
+    def release() -> None:
+        # the worker has its descriptor and has imported numpy (it is unpickling its dataset);
+        # for as long as the copy is held it must not map the segment
+        def waiting() -> list[int]:
+            return [p.pid for p in psutil.Process().children(recursive=True)
+                    if _holds_fd_to_memfd(p.pid) and _has_imported_numpy(p.pid)]
+
+        if wait_until(lambda: bool(waiting()), 90):
+            pid = waiting()[0]
+            watched["mapped_while_held"] = any(bool(memfd_maps(pid)) for _ in range(20) if not gate.wait(0.05))
+        gate.set()
+
+    monkeypatch.setattr(share, "_write", held)
+    rows = np.arange(ROWS * 2048, dtype=np.uint32).reshape(ROWS * 2, 1024).astype(np.uint8) + 1  # 2 MiB, no zeros
+    ds = conveyor.ArrayDataset(rows)
+    helper = threading.Thread(target=release)
+    helper.start()
+    try:
+        with loader(ds, method, batch_size=256) as dl:
+            got = np.concatenate([np.asarray(b[0]) for b in dl])
+    finally:
+        gate.set()
+        helper.join(60)
+    assert watched.get("main") is False  # written by a thread of its own, not the one starting workers
+    assert watched.get("mapped_while_held") is False, watched
+    np.testing.assert_array_equal(got, rows)  # every row whole: none read half-written
+    assert share.located(ds.arrays[0]) is not None  # the dataset took the copy once it was whole
+
+
+@pytest.mark.timeout(120)
+def test_a_failed_copy_reaches_the_user_and_no_worker_reads_it(monkeypatch: Any) -> None:
+    import errno
+
+    from conveyor.errors import StartupError
+
+    def fails(fd: int, a: np.ndarray, order: str) -> None:
+        os.pwrite(fd, b"\1" * 4096, 0)
+        raise OSError(errno.ENOSPC, "No space left on device (test)")
+
+    before = Snapshot.take()
+    monkeypatch.setattr(share, "_write", fails)
+    rows = np.ones((ROWS * 2, 1024), dtype=np.uint8)
+    ds = conveyor.ArrayDataset(rows)
+    dl = loader(ds, "spawn", num_workers=2)
+    with pytest.raises(StartupError) as caught:
+        list(dl)
+    dl.close()
+    err = caught.value
+    assert isinstance(err.__cause__, OSError) and err.__cause__.errno == errno.ENOSPC, repr(err.__cause__)
+    assert "could not copy the dataset's arrays into shared memory" in str(err), str(err)
+    assert ds.arrays[0] is rows  # the dataset keeps its own arrays
+    monkeypatch.undo()
+    del dl, err, caught
+    gc.collect()
+    assert_no_leaks(before)

@@ -11,7 +11,9 @@ module              side effect                                                 
                     ``_worker_info`` set; an import hook for ``torch.utils.data``;  process workers
                     torch's ``default_collate_fn_map[Tensor]`` replaced
 ``imports``         import hooks put first on ``sys.meta_path`` (``insert_first``:  any process
-                    numpy's RNG seeded on import (``rng``), ``torch_hooks``)
+                    numpy's RNG seeded on import (``rng``), ``torch_hooks``,
+                    torch set up and seeded when a torch-free spawned worker
+                    first imports it (``executors.torchless``))
 ``rng_memory``      the global RNGs' C structs read in place with ``ctypes``        any process
 ``gc_freeze``       ``gc.freeze()`` while fork workers run; a ``gc.callbacks``      main process
                     entry that unfreezes around full collections

@@ -71,8 +71,13 @@ class ArrayDataset(Dataset[tuple[Any, ...]]):
         memory that this dataset keeps as its data from then on, and travel by reference
         (``conveyor.transport.share``). The dataset then holds its own copy: changes made
         afterwards to an array passed in no longer show in it."""
-        self.arrays = share.adopt(self.arrays)
+        share.adopt(self.arrays, then=self._take_copies)
         return NotImplemented
+
+    def _take_copies(self, copies: tuple[Any, ...]) -> None:
+        """The shared copies are whole: they are this dataset's data from now on (the arrays
+        passed in are let go)."""
+        self.arrays = copies
 
     def __getitem__(self, index: int) -> tuple[Any, ...]:
         return tuple(a[index] for a in self.arrays)

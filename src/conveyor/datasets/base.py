@@ -160,8 +160,12 @@ class TensorDataset(Dataset[tuple[Any, ...]]):
         memory kept as this dataset's data (tensors go to shared memory through torch)."""
         from conveyor.transport import share
 
-        self.tensors = share.adopt(tuple(self.tensors))
+        share.adopt(tuple(self.tensors), then=self._take_copies)
         return NotImplemented
+
+    def _take_copies(self, copies: tuple[Any, ...]) -> None:
+        """The shared copies are whole: this dataset's data from now on."""
+        self.tensors = copies
 
 
 class StackDataset(Dataset[Any]):

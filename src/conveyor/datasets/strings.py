@@ -184,8 +184,12 @@ class StringArray(Sequence[str]):
     def _conveyor_ship_(self) -> tuple[Any, ...]:
         """Sent to a spawned or forkserver worker: the two buffers move, once, into shared
         memory this array keeps, and travel by reference (``conveyor.transport.share``)."""
-        self._data, self._offsets = share.adopt((self._data, self._offsets))
+        share.adopt((self._data, self._offsets), then=self._take_copies)
         return (_from_buffers, (self._data, self._offsets))
+
+    def _take_copies(self, copies: tuple[np.ndarray, np.ndarray]) -> None:
+        """The shared copies are whole: this array's buffers from now on."""
+        self._data, self._offsets = copies
 
     def __reduce__(self) -> tuple[Any, ...]:
         # Ship the bytes and each string's length in the smallest unsigned dtype

@@ -272,9 +272,14 @@ class ProcessExecutor(Executor):
     def _startup_error(self, w: int, wk: _Worker) -> StartupError:
         code = wk.proc.exitcode
         hint = "" if self.method == "fork" else " " + starting.startup_hint(self.spec, self.method)
+        moved = share.failure()  # the copy of the dataset's arrays into shared memory failed: the workers stop
+        if moved is not None:
+            hint = f" The main process could not copy the dataset's arrays into shared memory: {moved!r}."
         # torch's words first ("DataLoader worker (pid 12) exited unexpectedly"): users match on them
-        return StartupError(f"DataLoader worker (pid {wk.proc.pid}) exited unexpectedly during start-up with exit "
-                            f"code {code} (worker {w}).{hint}")
+        err = StartupError(f"DataLoader worker (pid {wk.proc.pid}) exited unexpectedly during start-up with exit "
+                           f"code {code} (worker {w}).{hint}")
+        err.__cause__ = moved
+        return err
 
     def _note(self, w: int, wk: _Worker, msg: Result) -> None:
         self.ledger.done(w, msg.seq)

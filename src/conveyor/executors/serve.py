@@ -20,6 +20,7 @@ from typing import Any
 from .._platform import malloc, process, signals, torch_hooks
 from ..errors import capture
 from .task import Doorbell, Hello, Inbox, Order, Readable, Result, Task, send
+from . import torchless
 from .worker import WorkerSpec, start_worker, torch_for
 
 __all__ = ["serve", "stack_path", "name_unpicklable", "ParentWatch", "Drain"]
@@ -54,10 +55,11 @@ def _serve(spec: WorkerSpec, worker_id: int, gen: int, tasks: Any, results: Any,
 
         reopen_private(private_files)  # files the main process opened through the dataset
     malloc.steady_malloc()
-    torch = torch_for(spec)
+    # batches gathered as numpy need no torch here: imported only if something asks for it
+    lean = torchless.defer(spec, _set_up_torch)
+    torch = None if lean else torch_for(spec)
     if torch is not None:
-        torch.set_num_threads(1)
-        torch_hooks.route_torch_collate(torch)
+        _set_up_torch(torch)
     stack_at = stack_path(prefix, worker_id, gen)
     from ..transport import SlotPool, Writer, encode
     from ..transport import segment as _segment
@@ -94,6 +96,8 @@ def _serve(spec: WorkerSpec, worker_id: int, gen: int, tasks: Any, results: Any,
         except Exception as exc:
             results.send(Hello(worker_id, os.getpid(), capture(exc, worker_id, None, "running worker_init_fn")))
             return
+        if lean and fetcher.gather is not None:
+            fetcher.gather = torchless.gather_later(fetcher.gather)
         results.send(Hello(worker_id, os.getpid()))
         queue: list[Task] = []
         rss = _Rss()
@@ -509,3 +513,7 @@ def stack_path(prefix: str, worker: int, gen: int) -> str:
     return os.path.join(tempfile.gettempdir(), f"{prefix or 'conveyor_'}w{worker}g{gen}.stack")
 
 
+def _set_up_torch(torch: Any) -> None:
+    """A process worker's torch: one thread (the workers are the parallelism), conveyor's collate."""
+    torch.set_num_threads(1)
+    torch_hooks.route_torch_collate(torch)

