@@ -28,7 +28,7 @@ __all__ = ["LOADERS", "Handle", "available", "make", "workers_of"]
 
 Collate = Callable[[list[Any]], Any] | None
 
-LOADERS = ("torch0", "torch2", "torchdata2", "grain2", "spdl2",
+LOADERS = ("torch0", "torch1", "torch2", "torch4", "torchdata2", "grain2", "spdl2",
            "conveyor0", "conveyor2", "conveyor2t", "conveyor_auto", "floor2")
 
 PEER_MODULES = {"torchdata2": "torchdata.stateful_dataloader", "grain2": "grain", "spdl2": "spdl.pipeline"}
