@@ -140,7 +140,12 @@ def main(argv: list[str] | None = None) -> int:
     if "conveyor" in sys.modules:
         # a child forked from here would keep this conveyor, whichever tree it was given
         raise SystemExit("conveyor is imported in the parent already; run this script with a plain PYTHONPATH")
-    work = Path(tempfile.mkdtemp(prefix="conveyor_compare_"))
+    with tempfile.TemporaryDirectory(prefix="conveyor_compare_") as work:  # the children's --out (unused)
+        return _run(a, trees, names, wanted, yardstick, Path(work), scenarios)
+
+
+def _run(a: argparse.Namespace, trees: dict[str, Path], names: list[str], wanted: list[str] | None,
+         yardstick: tuple[str, ...], work: Path, scenarios: Any) -> int:
     report: dict[str, Any] = {"name": a.name, "a": str(trees["A"]), "b": str(trees["B"]),
                               "a_commit": tree_commit(trees["A"]), "b_commit": tree_commit(trees["B"]),
                               "machine": run.machine({}), "repeats": a.repeats, "quick": a.quick,

@@ -203,11 +203,18 @@ def snapshot() -> dict[str, dict[str, float]]:
     return out
 
 
-def child(scenario_name: str, loader_name: str, quick: bool, src: str | None) -> dict[str, Any]:
+def child(scenario_name: str, loader_name: str, quick: bool, src: str | None,
+          main_threads: int | None = None) -> dict[str, Any]:
     """Run one profiled (scenario, loader) pair in this process."""
     sys.path[:0] = [str(HERE), src or str(ROOT / "src")]
     import loaders
     import scenarios
+
+    if main_threads:
+        import torch
+        torch.set_num_threads(main_threads)
+    import warnings
+    warnings.simplefilter("ignore")  # (conveyor's SlowSettingWarning: this profile knows)
 
     setup = scenarios.SCENARIOS[scenario_name].build("conveyor" if loader_name.startswith("conveyor") else "torch",
                                                     quick)
@@ -278,7 +285,7 @@ def child(scenario_name: str, loader_name: str, quick: bool, src: str | None) ->
     return out
 
 
-def fork_child(args: tuple[str, str, bool, str | None], timeout: float) -> dict[str, Any]:
+def fork_child(args: tuple[str, str, bool, str | None, int | None], timeout: float) -> dict[str, Any]:
     """Run ``child(*args)`` in a forked process (its own process group) and read its JSON line."""
     sys.stdout.flush()
     sys.stderr.flush()
@@ -455,6 +462,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true", help="the scenarios' small sizes")
     p.add_argument("--src", default=None, help="the source tree conveyor is imported from (default src)")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds per run")
+    p.add_argument("--main-threads", type=int, default=None,
+                   help="torch.set_num_threads(N) in the main process of every run (default: torch's own; "
+                   "on a machine other jobs load, torch0's intra-op threads wait for each other at every "
+                   "parallel region of its collate: 1 measures the loader, not that)")
     p.add_argument("--out", default=None, help="also write the table (.md) and the runs (.json) here")
     a = p.parse_args(argv)
     sys.path.insert(0, str(HERE))
@@ -466,7 +477,8 @@ def main(argv: list[str] | None = None) -> int:
     load0 = [round(x, 2) for x in os.getloadavg()]
     text = [f"# Where the worker path's time goes", "",
             f"- {os.cpu_count()} CPUs ({len(os.sched_getaffinity(0))} usable), load average at start {load0}; "
-            f"{a.runs} runs per loader, alternated, each a forked child; quick={a.quick}"]
+            f"{a.runs} runs per loader, alternated, each a forked child; quick={a.quick}; "
+            f"main-process torch threads: {a.main_threads or 'torch default'}"]
     raw: dict[str, Any] = {}
     body = []
     for sname in names:
@@ -474,7 +486,7 @@ def main(argv: list[str] | None = None) -> int:
         raw[sname] = {n: [] for n in loaders}
         for i in range(a.runs):
             for ln in loaders:
-                run = fork_child((sname, ln, a.quick, a.src), a.timeout)
+                run = fork_child((sname, ln, a.quick, a.src, a.main_threads), a.timeout)
                 run["loader"] = ln
                 if run["status"] != "ok":
                     print(f"{sname} {ln} #{i + 1}: {run['status']}: {run.get('note')}\n{run.get('traceback', '')}",
