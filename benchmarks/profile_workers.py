@@ -30,6 +30,7 @@ is missing from the tree reads "-", the rest still run. Each timer adds ~1 us to
     python benchmarks/profile_workers.py                          # images_uint8 and diabetes, 5 runs
     python benchmarks/profile_workers.py --scenario images_uint8 --runs 9 --out /tmp/profile.md
     python benchmarks/profile_workers.py --quick --runs 1         # a smoke test
+    python benchmarks/profile_workers.py --scenario diabetes --loader conveyor2 --loader conveyor2_nice0
 
 Linux only (/proc). torch0 has no worker rows; its ``next()`` is fetch and collate together.
 """
@@ -55,6 +56,12 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 MARK = "@@PROFILE "
 LOADERS = ("torch0", "conveyor2", "floor2")
+# conveyor2 with one thing changed: its workers left at nice 0 (conveyor lowers them to 5 after
+# their first batch, CONVEYOR_WORKER_NICE), or seed=0 (every sample's RNGs seeded from (seed,
+# epoch, index); the loader's own seeded shuffle may be read ahead, so tiny batches may travel
+# in groups where the first batches are fast enough)
+VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {"conveyor2_nice0": ("conveyor2", {}),
+                                                   "conveyor2_seed0": ("conveyor2", {"seed": 0})}
 SCENARIOS = ("images_uint8", "diabetes")
 
 # step codes, shared with loaders.Floor's probe
@@ -218,11 +225,16 @@ def child(scenario_name: str, loader_name: str, quick: bool, src: str | None,
 
     setup = scenarios.SCENARIOS[scenario_name].build("conveyor" if loader_name.startswith("conveyor") else "torch",
                                                     quick)
+    variant = loader_name
+    loader_name, opts = VARIANTS.get(variant, (variant, {}))
     loaders.preload(loader_name)
     rec = Recorder()
     missing: list[str] = []
     if loader_name.startswith("conveyor"):
         missing = patch_conveyor(rec)
+        if variant.endswith("_nice0"):
+            from conveyor.executors import worker
+            worker.WORKER_NICE = 0  # (read by each worker after its first batch)
     elif loader_name == "floor2":
         # (a staticmethod: the class's attribute, read through the instance; inherited by its forks)
         loaders.Floor.probe = staticmethod(lambda step, w, t0, t1: rec.add(step, w, t0, t1))
@@ -240,7 +252,7 @@ def child(scenario_name: str, loader_name: str, quick: bool, src: str | None,
     snaps = {"start": snapshot()}
     t0 = clock()
     handle = loaders.make(loader_name, setup.dataset, setup.batch_size, setup.collate_fn, setup.epochs,
-                          shuffle=setup.shuffle)
+                          shuffle=setup.shuffle, **opts)
     made = clock()
     ends: list[float] = []
     first = None
@@ -393,6 +405,18 @@ def per_batch(run: dict[str, Any]) -> dict[str, float | None]:
         for field in ("cpu_s", "runq_s", "vcsw", "icsw", "minflt", "slices"):
             d = sum(b[p].get(field, 0) - a[p].get(field, 0) for p in keys)
             out[f"{who}_{field}"] = d * (ms if field.endswith("_s") else 1.0 / n)
+    if workers:
+        # the first epoch: when each worker began its first fetch, and what the steps took in all
+        t0 = run["t0"]
+        firsts = [min((a for s, _, a, _ in recs[r] if s == FETCH), default=None) for r in workers]
+        firsts = [f for f in firsts if f is not None]
+        out["worker_first_fetch"] = 1e3 * (max(firsts) - t0) if firsts else None
+        for key, steps in (("e1_blocked", (WAIT,)), ):
+            out[key] = 1e3 * sum(b - a for s, _, a, b in main if s in steps and a < t_cut)
+        out["e1_worker_busy"] = 1e3 * sum(b - a for r in workers for s, _, a, b in recs[r]
+                                          if s in (FETCH, COLLATE, ENCODE, SEND) and a < t_cut) / len(workers)
+        out["e1_worker_send"] = 1e3 * sum(b - a for r in workers for s, _, a, b in recs[r]
+                                          if s == SEND and a < t_cut) / len(workers)
     out["first_batch"] = 1e3 * run["first_batch_s"]
     out["construct"] = 1e3 * run["construct_s"]
     out["epoch1"] = 1e3 * run["epoch1_s"]
@@ -431,8 +455,12 @@ ROWS: list[tuple[str, str, int]] = [
     ("main_minflt", "minor page faults: main (count)", 1),
     ("workers_minflt", "minor page faults: workers (count)", 1),
     ("construct", "start-up: loader construction (ms, once)", 1),
+    ("worker_first_fetch", "start-up: the later worker's first fetch begins (ms from construction, once)", 1),
     ("first_batch", "start-up: first batch (ms from construction, once)", 1),
     ("epoch1", "first epoch (ms, once)", 1),
+    ("e1_blocked", "first epoch: main blocked waiting (ms, once)", 1),
+    ("e1_worker_busy", "first epoch: a worker's fetch+collate+encode+send (ms, mean of the two)", 1),
+    ("e1_worker_send", "first epoch: of which send (ms)", 1),
     ("startup_cpu", "CPU of all processes until the steady state (ms, once)", 1),
     ("total", "whole run (ms, once)", 1),
 ]

@@ -55,7 +55,7 @@ TORCH_ROWS = ("torch0", "torch1", "torch2", "torch4")
 # "auto" against torch's four worker counts on every scenario that runs it
 SUITES: dict[str, tuple[tuple[str, ...] | None, tuple[str, ...]]] = {
     "workers": (("diabetes", "images_uint8", "detection", "jpeg"),
-                TORCH_ROWS + ("conveyor2", "conveyor2_seed0", "conveyor_auto", "floor2")),
+                TORCH_ROWS + ("conveyor2", "conveyor_auto", "floor2")),
     "auto": (None, TORCH_ROWS + ("conveyor_auto",)),
 }
 

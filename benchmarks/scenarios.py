@@ -372,13 +372,8 @@ def build_remote_decode(family: str, quick: bool) -> Setup:
 SCENARIOS: dict[str, Scenario] = {s.name: s for s in [
     Scenario("diabetes", "759x8 float32 + label, tensor pair per index, batch 32, 10 epochs, loading only",
              build_diabetes, targets=("conveyor2/torch2>=4", "conveyor2/torch0>=0.7"), min_repeats=31,
-             # an explicit prefetch_factor=2 holds the workers to 2 batches each: no groups. Tiny
-             # batches travel in groups only where the sampler may be read ahead (a shuffle
-             # under seed=, docs/decisions/task-groups-for-tiny-batches.md): conveyor2 shuffles
-             # without a seed and sends one batch a trip, conveyor2_seed0 groups them
-             loaders=BASE_LOADERS + ("conveyor2_pf2", "conveyor2_seed0"),
-             variants={"conveyor2_pf2": ("conveyor2", {"prefetch_factor": 2}),
-                       "conveyor2_seed0": ("conveyor2", {"seed": 0})}),
+             # an explicit prefetch_factor=2 holds the workers to 2 batches each: no groups
+             loaders=BASE_LOADERS + ("conveyor2_pf2",), variants={"conveyor2_pf2": ("conveyor2", {"prefetch_factor": 2})}),
     Scenario("diabetes_train", "diabetes + the seed's 8-6-4-1 MLP, BCELoss, SGD step per batch",
              build_diabetes_train, min_repeats=31),
     Scenario("diabetes_array", "diabetes data as conveyor.ArrayDataset (torch: TensorDataset); "

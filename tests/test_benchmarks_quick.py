@@ -235,8 +235,8 @@ def test_the_suites_select_issue_39s_rows() -> None:
     run = _runner()
     names, wanted = run.selection("workers", None, None)
     assert sorted(names) == ["detection", "diabetes", "images_uint8", "jpeg"]
-    assert wanted is not None and {"torch0", "torch1", "torch2", "torch4", "conveyor2", "conveyor2_seed0",
-                                   "conveyor_auto", "floor2"} == set(wanted)
+    assert wanted is not None and {"torch0", "torch1", "torch2", "torch4", "conveyor2", "conveyor_auto",
+                                   "floor2"} == set(wanted)
     scenarios = _bench_module("scenarios")
     names, wanted = run.selection("auto", None, None)
     assert names == [n for n, sc in scenarios.SCENARIOS.items() if "conveyor_auto" in sc.loaders]
