@@ -28,7 +28,7 @@ __all__ = ["LOADERS", "Handle", "available", "make", "workers_of"]
 
 Collate = Callable[[list[Any]], Any] | None
 
-LOADERS = ("torch0", "torch2", "torchdata2", "grain2", "spdl2",
+LOADERS = ("torch0", "torch1", "torch2", "torch4", "torchdata2", "grain2", "spdl2",
            "conveyor0", "conveyor2", "conveyor2t", "conveyor_auto", "floor2")
 
 PEER_MODULES = {"torchdata2": "torchdata.stateful_dataloader", "grain2": "grain", "spdl2": "spdl.pipeline"}
@@ -212,6 +212,9 @@ class Floor:
     SLOTS = 8
     AHEAD = 2
     INLINE = 1 << 15
+    # profile_workers.py's timestamps: probe(step, worker, t0, t1), None in the suite's runs
+    probe: Callable[[int, int, float, float], None] | None = None
+    FETCH, COLLATE, ENCODE, SEND, SENT, WAIT, TAKE, DECODE, GOT = range(9)
 
     def __init__(self, dataset: Any, batch_size: int, collate: Callable[[list[Any]], Any], shuffle: bool,
                  direct: bool = False) -> None:
@@ -230,6 +233,7 @@ class Floor:
         self.slot = max(1 << 16, 2 * big)
         self.workers: list[tuple[int, int, int, Any, bytearray]] = []  # pid, order fd, result fd, map, buffer
         for w in range(2):
+            self.wid = w  # (a forked worker keeps its own)
             buf = mmap.mmap(-1, self.SLOTS * self.slot)
             orders_r, orders_w = os.pipe()
             results_r, results_w = os.pipe()
@@ -246,6 +250,7 @@ class Floor:
     def _serve(self, orders: int, results: int, buf: Any) -> None:  # pragma: no cover - the worker
         import os
         import pickle
+        import time
 
         import numpy as np
 
@@ -254,6 +259,7 @@ class Floor:
             torch.set_num_threads(1)
         except ImportError:
             pass
+        probe, w, clock = self.probe, self.wid, time.perf_counter
         pending = bytearray()
         while True:
             data = os.read(orders, 1 << 16)
@@ -264,19 +270,27 @@ class Floor:
                 seq, indices = pickle.loads(pending[4:4 + n])
                 del pending[:4 + n]
                 base, offset, recs = (seq // 2 % self.SLOTS) * self.slot, 0, []
+                t0 = clock() if probe else 0.0
                 samples = [self.dataset[i] for i in indices]
                 first = samples[0]
                 if self.direct and isinstance(first, torch.Tensor) and first.nbytes * len(samples) >= self.INLINE \
                         and first.nbytes * len(samples) <= self.slot:
                     # a stack of tensors: straight into the slot
+                    t1 = clock() if probe else 0.0
                     out = torch.from_numpy(np.ndarray((len(samples), *first.shape), first.numpy().dtype,
                                                       buffer=buf, offset=base))
                     torch.stack(samples, out=out)
+                    t2 = clock() if probe else 0.0
                     arr = out.numpy()
                     msg = pickle.dumps((None, [(arr.dtype.str, arr.shape, base)]), protocol=pickle.HIGHEST_PROTOCOL)
+                    t3 = clock() if probe else 0.0
                     os.write(results, len(msg).to_bytes(4, "little") + msg)
+                    if probe:
+                        self._probed(probe, w, t0, t1, t2, t3, clock())
                     continue
+                t1 = clock() if probe else 0.0
                 batch = self.collate(samples)
+                t2 = clock() if probe else 0.0
                 leaves: list[Any] = []
                 tree = _flatten(batch, leaves)
                 for x in leaves:
@@ -288,7 +302,18 @@ class Floor:
                     else:
                         recs.append((arr.dtype.str, arr.shape, arr.tobytes()))
                 msg = pickle.dumps((tree, recs), protocol=pickle.HIGHEST_PROTOCOL)
+                t3 = clock() if probe else 0.0
                 os.write(results, len(msg).to_bytes(4, "little") + msg)
+                if probe:
+                    self._probed(probe, w, t0, t1, t2, t3, clock())
+
+    def _probed(self, probe: Callable[[int, int, float, float], None], w: int, t0: float, t1: float, t2: float,
+                t3: float, t4: float) -> None:  # pragma: no cover - the worker
+        """One batch's steps in a worker: fetch t0..t1, collate t1..t2, encode t2..t3 (copies
+        into the slot, the pickle), send t3..t4."""
+        for step, key, a, b in ((self.FETCH, w, t0, t1), (self.COLLATE, w, t1, t2), (self.ENCODE, w, t2, t3),
+                                (self.SEND, 1, t3, t4), (self.SENT, w, t3, t3)):  # (SEND's key: batches sent)
+            probe(step, key, a, b)
 
     def _send(self, seq: int, batches: list[Any]) -> None:
         import os
@@ -300,16 +325,27 @@ class Floor:
     def _recv(self, w: int) -> Any:
         import os
         import pickle
+        import time
 
         import numpy as np
         import torch
 
         _, _, fd, buf, pending = self.workers[w]
+        probe = self.probe
+        if probe:
+            t0 = time.perf_counter()
         while len(pending) < 4 or len(pending) < 4 + int.from_bytes(pending[:4], "little"):
             pending += os.read(fd, 1 << 20)
+        if probe:
+            t1 = time.perf_counter()
         n = int.from_bytes(pending[:4], "little")
         tree, recs = pickle.loads(pending[4:4 + n])
         del pending[:4 + n]
+        if probe:
+            t2 = time.perf_counter()
+            probe(self.WAIT, w, t0, t1)
+            probe(self.TAKE, w, t1, t2)
+            probe(self.GOT, w, t2, t2)
         leaves = []
         for dtype, shape, where in recs:
             if isinstance(where, bytes):
@@ -318,7 +354,10 @@ class Floor:
             else:
                 arr = np.ndarray(shape, dtype=dtype, buffer=buf, offset=where)
                 leaves.append(torch.from_numpy(arr))
-        return _unflatten(tree, iter(leaves))
+        out = _unflatten(tree, iter(leaves))
+        if probe:
+            probe(self.DECODE, w, t2, time.perf_counter())
+        return out
 
     def epoch(self) -> Iterator[Any]:
         n = len(self.dataset)

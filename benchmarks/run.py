@@ -47,13 +47,26 @@ ROOT = HERE.parent
 MARK = "@@RESULT "
 QUICK_LOADERS = ("torch0", "torch2", "conveyor0")
 PEERS = ("grain2", "spdl2")
+# torch's loader with each worker count a user would try: "auto" is read against the best
+TORCH_ROWS = ("torch0", "torch1", "torch2", "torch4")
+# named selections of the suite: (scenarios, None for every scenario that runs conveyor_auto;
+# loaders). "workers": issue 39's worker-path rows (conveyor2 against torch and the
+# featureless floor, auto against the best torch) on the four worker scenarios; "auto":
+# "auto" against torch's four worker counts on every scenario that runs it
+SUITES: dict[str, tuple[tuple[str, ...] | None, tuple[str, ...]]] = {
+    "workers": (("diabetes", "images_uint8", "detection", "jpeg"),
+                TORCH_ROWS + ("conveyor2", "conveyor_auto", "floor2")),
+    "auto": (None, TORCH_ROWS + ("conveyor_auto",)),
+}
 
 
 # ---------------------------------------------------------------- child side
 
-def child(scenario_name: str, loader_name: str, quick: bool, profile_dir: str | None) -> dict[str, Any]:
-    """Run one (scenario, loader) pair in this process and return its measurements."""
-    sys.path[:0] = [str(HERE), str(ROOT / "src")]
+def child(scenario_name: str, loader_name: str, quick: bool, profile_dir: str | None,
+          src: str | None = None) -> dict[str, Any]:
+    """Run one (scenario, loader) pair in this process and return its measurements; ``src``:
+    the source tree conveyor is imported from (default this checkout's ``src``)."""
+    sys.path[:0] = [str(HERE), src or str(ROOT / "src")]
     import loaders
     import scenarios
 
@@ -108,6 +121,8 @@ def child(scenario_name: str, loader_name: str, quick: bool, profile_dir: str | 
                            "workers": handle.workers, "opts": opts, "cpu": cpu_use(cpu0, cpu_snapshot())}
     if chosen is not None:
         out["chosen"] = chosen
+    if family == "conveyor" and "conveyor" in sys.modules:
+        out["conveyor_from"] = str(Path(sys.modules["conveyor"].__file__ or "?").resolve().parent.parent)
     if warmup_s is not None:
         out["warmup_s"] = warmup_s
     if len(passes) > 1:
@@ -226,7 +241,8 @@ def machine(versions: dict[str, str]) -> dict[str, Any]:
 
 def _scenario_steady(name: str) -> bool:
     """Does scenario ``name`` run every loader with glibc's thresholds fixed?"""
-    sys.path[:0] = [str(HERE), str(ROOT / "src")]
+    if str(HERE) not in sys.path:
+        sys.path.insert(0, str(HERE))  # (not src: which conveyor a child imports is child()'s choice)
     import scenarios
 
     sc = scenarios.SCENARIOS.get(name)
@@ -353,15 +369,28 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def speedups(result: dict[str, dict[str, Any]]) -> None:
-    """Add ``vs_torch2`` and ``vs_torch0`` (torch time / loader time) to every loader."""
+    """Add ``vs_torch2`` and ``vs_torch0`` (torch time / loader time) to every loader, and
+    ``vs_torchbest`` (the fastest of the torch rows that ran, named in ``torchbest``)."""
     for ref in ("torch2", "torch0"):
         base = result.get(ref, {}).get("median_s")
         for r in result.values():
             if r.get("status") == "ok" and base:
                 r[f"vs_{ref}"] = base / r["median_s"]
+    best = best_torch(result)
+    if best is not None:
+        for r in result.values():
+            if r.get("status") == "ok":
+                r["vs_torchbest"] = result[best]["median_s"] / r["median_s"]
+                r["torchbest"] = best
 
 
-AUTO_TARGETS = ("conveyor_auto/best>=0.9", "conveyor_auto/torch0>=1")
+AUTO_TARGETS = ("conveyor_auto/best>=0.9", "conveyor_auto/torch0>=1", "conveyor_auto/torchbest>=1")
+
+
+def best_torch(result: dict[str, dict[str, Any]]) -> str | None:
+    """The fastest (median) of torch's rows with 0, 1, 2 and 4 workers that ran."""
+    ran = [n for n in TORCH_ROWS if result.get(n, {}).get("status") == "ok"]
+    return min(ran, key=lambda n: result[n]["median_s"]) if ran else None
 
 
 def best_fixed(result: dict[str, dict[str, Any]]) -> str | None:
@@ -398,7 +427,8 @@ def median_interval(values: list[float], coverage: float = 0.9) -> tuple[float, 
 
 def check(target: str, result: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """Evaluate ``"A/B>=x"`` (B's time over A's), ``"A/peers>=x"``, ``"A/best>=x"`` (the
-    fastest fixed conveyor setting) or ``"A:efficiency>=x"``. Ratios of medians; against
+    fastest fixed conveyor setting), ``"A/torchbest>=x"`` (the fastest of torch's rows with
+    0, 1, 2 and 4 workers that ran) or ``"A:efficiency>=x"``. Ratios of medians; against
     one loader the paired ratio (``paired``) is reported beside it, and the target counts
     as met when either estimate is. A target missed by both whose paired ratios' interval
     (``median_interval``) reaches it is marked ``noise``: the runs cannot tell it from met."""
@@ -410,7 +440,8 @@ def check(target: str, result: dict[str, dict[str, Any]]) -> dict[str, Any]:
         value = result.get(name, {}).get(key)
     else:
         name, ref = left.split("/")
-        refs = PEERS if ref == "peers" else (best_fixed(result),) if ref == "best" else (ref,)
+        refs = (PEERS if ref == "peers" else (best_fixed(result),) if ref == "best"
+                else (best_torch(result),) if ref == "torchbest" else (ref,))
         ok = [r for r in refs if r and result.get(r, {}).get("status") == "ok"]
         ref_times = [result[r]["median_s"] for r in ok]
         mine = result.get(name, {}).get("median_s")
@@ -461,21 +492,25 @@ def markdown(report: dict[str, Any]) -> str:
            "torch2 = DataLoader(num_workers=2, persistent_workers=True), torch0 = num_workers=0", ""]
     if report["unavailable"]:
         out += [f"- {k}: {note}" for k, note in report["unavailable"].items()] + [""]
-    out += ["## Summary", "", "| scenario | conveyor loader | vs torch2 | vs torch0 | vs best of grain/spdl | targets |",
-            "|---|---|---|---|---|---|"]
+    out += ["## Summary", "", "| scenario | conveyor loader | vs torch2 | vs torch0 | vs best of grain/spdl | "
+            "auto / best of torch0,1,2,4 | targets |", "|---|---|---|---|---|---|---|"]
     for name, sc in report["scenarios"].items():
         head = sc["headline"]
         r = sc["loaders"].get(head, {})
         peers = [sc["loaders"][p]["median_s"] for p in PEERS if sc["loaders"].get(p, {}).get("status") == "ok"]
         vs_peers = min(peers) / r["median_s"] if peers and r.get("median_s") else None
+        auto = sc["loaders"].get("conveyor_auto", {})
+        torch_ran = ",".join(n[len("torch"):] for n in TORCH_ROWS if sc["loaders"].get(n, {}).get("status") == "ok")
+        vs_best = (f"{fmt(auto['vs_torchbest'])} (best {auto['torchbest']} of torch{torch_ran})"
+                   if auto.get("vs_torchbest") is not None else "-")
         targets = "; ".join(
             f"{t['target']}: {fmt(t['value'])}"
-            + (f" (vs {t['ref']}; paired {fmt(t['paired'])})" if t.get("ref") and t['target'].split('/')[1].startswith('best') else
+            + (f" (vs {t['ref']}; paired {fmt(t['paired'])})" if t.get("ref") and t['target'].split('/')[1].startswith(('best', 'torchbest')) else
                f" (paired {fmt(t['paired'])})" if "paired" in t else "")
             + f" {verdict(t)}"
             for t in sc["targets"]) or "-"
         out.append(f"| {name} | {head} | {fmt(r.get('vs_torch2'))} | {fmt(r.get('vs_torch0'))} | "
-                   f"{fmt(vs_peers)} | {targets} |")
+                   f"{fmt(vs_peers)} | {vs_best} | {targets} |")
     for name, sc in report["scenarios"].items():
         reps = f" ({sc['repeats']} repeats: short runs)" if sc.get("repeats", report["repeats"]) != report["repeats"] else ""
         if sc.get("steady_malloc") and not report.get("steady_malloc"):
@@ -511,9 +546,28 @@ def markdown(report: dict[str, Any]) -> str:
     return "\n".join(out) + "\n"
 
 
+def selection(suite: str | None, scenario: list[str] | None,
+           loader: list[str] | None) -> tuple[list[str], list[str] | None]:
+    """The scenarios to run and the loaders to keep in each (None: the scenario's own list):
+    a suite's selection, narrowed by ``--scenario`` and ``--loader``."""
+    import scenarios
+
+    names = list(scenario or scenarios.SCENARIOS)
+    wanted = list(loader) if loader else None
+    if suite is not None:
+        only, rows = SUITES[suite]
+        names = [n for n in names if (n in only if only is not None
+                                      else "conveyor_auto" in scenarios.SCENARIOS[n].loaders)]
+        wanted = [r for r in rows if wanted is None or r in wanted]
+    return names, wanted
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="every scenario once, small sizes, few loaders")
+    p.add_argument("--suite", choices=sorted(SUITES), help="a named selection of scenarios and loaders "
+                   "(workers: issue 39's worker-path rows; auto: auto against torch0/1/2/4 everywhere); "
+                   "--scenario and --loader narrow it further")
     p.add_argument("--scenario", action="append", help="run only these scenarios (repeatable)")
     p.add_argument("--loader", action="append", help="run only these loaders (repeatable)")
     p.add_argument("--repeats", type=int, default=None, help="runs per pair (default 3, quick 1; "
@@ -527,6 +581,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steady-malloc", action="store_true",
                    help="every child keeps freed memory from the kernel (glibc trim threshold 256 MB, "
                    "mmap threshold 32 MB), so batches do not fault their pages in again at random")
+    p.add_argument("--src", default=None, help="the source tree conveyor's rows import conveyor from "
+                   "(default this checkout's src; compare_trees.py runs two)")
     p.add_argument("--child", nargs=2, metavar=("SCENARIO", "LOADER"), help=argparse.SUPPRESS)
     p.add_argument("--probe", action="store_true", help=argparse.SUPPRESS)
     a = p.parse_args(argv)
@@ -540,7 +596,7 @@ def main(argv: list[str] | None = None) -> int:
         if a.steady_malloc or _scenario_steady(a.child[0]):
             steady_malloc()
         try:
-            result = child(a.child[0], a.child[1], a.quick, str(out_dir) if a.profile else None)
+            result = child(a.child[0], a.child[1], a.quick, str(out_dir) if a.profile else None, a.src)
         except BaseException as e:
             result = {"status": "error", "note": f"{type(e).__name__}: {e}",
                       "traceback": traceback.format_exc()[-2000:]}
@@ -551,17 +607,18 @@ def main(argv: list[str] | None = None) -> int:
     import loaders  # noqa: F401  (imported once here so that forked children start warm)
     import scenarios  # imports torch; the parent runs no torch op, children do the work
 
-    names = a.scenario or list(scenarios.SCENARIOS)
-    unknown = [n for n in names if n not in scenarios.SCENARIOS]
+    unknown = [n for n in a.scenario or () if n not in scenarios.SCENARIOS]
     if unknown:
         p.error(f"unknown scenario(s) {unknown}; known: {', '.join(scenarios.SCENARIOS)}")
+    names, wanted = selection(a.suite, a.scenario, a.loader)
     repeats = a.repeats or (1 if a.quick else 3)
     timeout = a.timeout or (90.0 if a.quick else 600.0)
-    name = a.name or ("quick" if a.quick else "full")
+    name = a.name or a.suite or ("quick" if a.quick else "full")
 
     info = spawn(["--probe"], timeout=120)
     unavailable = info.get("unavailable", {})
-    report: dict[str, Any] = {"name": name, "quick": a.quick, "repeats": repeats,
+    report: dict[str, Any] = {"name": name, "quick": a.quick, "repeats": repeats, "suite": a.suite,
+                              "src": a.src or str(ROOT / "src"),
                               "fresh": "interpreter (--exec)" if a.exec else "forked process",
                               "steady_malloc": a.steady_malloc,
                               "machine": machine(info.get("versions", {})), "unavailable": unavailable,
@@ -569,8 +626,8 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     for sname in names:
         sc = scenarios.SCENARIOS[sname]
-        chosen = [ln for ln in sc.loaders if (a.loader is None or ln in a.loader)
-                  and (not a.quick or a.loader or ln in QUICK_LOADERS or ln == sc.headline)]
+        chosen = [ln for ln in sc.loaders if (wanted is None or ln in wanted)
+                  and (not a.quick or wanted or ln in QUICK_LOADERS or ln == sc.headline)]
         runs: dict[str, list[dict[str, Any]]] = {ln: [] for ln in chosen}
         for ln in chosen:
             base = sc.variants.get(ln, (ln, {}))[0]
@@ -582,6 +639,7 @@ def main(argv: list[str] | None = None) -> int:
                 if runs[ln] and runs[ln][-1]["status"] != "ok":
                     continue  # skipped or failed once: do not retry
                 args = (["--child", sname, ln, "--out", str(out_dir)] + ["--quick"] * a.quick
+                        + (["--src", a.src] if a.src else [])
                         + ["--profile"] * a.profile + ["--steady-malloc"] * a.steady_malloc)
                 r = spawn(args, timeout) if a.exec else fork_child(args, timeout)
                 runs[ln].append(r)

@@ -34,7 +34,9 @@ from conveyor.cli.diabetes import Diabetes, make_diabetes
 
 __all__ = ["SCENARIOS", "Scenario", "Setup", "Skip"]
 
-BASE_LOADERS = ("torch0", "torch2", "torchdata2", "grain2", "spdl2",
+# torch1 and torch4 stand beside torch0 and torch2 so that "auto" is read against the best
+# worker count a user could have picked for torch
+BASE_LOADERS = ("torch0", "torch1", "torch2", "torch4", "torchdata2", "grain2", "spdl2",
                 "conveyor0", "conveyor2", "conveyor2t", "conveyor_auto", "floor2")
 
 
@@ -369,15 +371,15 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in [
     Scenario("remote_decode", "2 ms sleep + 1 ms pure-Python CPU per sample, batch 32, 2048 samples; "
              "conveyor fetch_threads 1 / 4 / 64 (2 workers); auto chooses its own",
              build_remote_decode, min_repeats=5,
-             loaders=("torch0", "torch2", "spdl2", "conveyor0", "conveyor2", "conveyor2_ft4", "conveyor2_ft64",
-                      "conveyor_auto"),
+             loaders=("torch0", "torch1", "torch2", "torch4", "spdl2", "conveyor0", "conveyor2", "conveyor2_ft4",
+                      "conveyor2_ft64", "conveyor_auto"),
              variants={"conveyor2_ft4": ("conveyor2", {"fetch_threads": 4}),
                        "conveyor2_ft64": ("conveyor2", {"fetch_threads": 64})},
              headline="conveyor2_ft4"),
     Scenario("latency", "5 ms sleep per sample, batch 32, 3072 samples; conveyor fetch_threads 16 / 32 / 64 "
              "(2 workers), 32 (0 workers, thread workers); auto chooses its own",
              build_latency,
-             loaders=("torch0", "torch2", "torchdata2", "grain2", "spdl2", "conveyor0",
+             loaders=("torch0", "torch1", "torch2", "torch4", "torchdata2", "grain2", "spdl2", "conveyor0",
                       "conveyor2_ft16", "conveyor2_ft32", "conveyor2_ft64", "conveyor2t", "conveyor_auto"),
              variants={"conveyor2_ft16": ("conveyor2", {"fetch_threads": 16}),
                        "conveyor2_ft32": ("conveyor2", {"fetch_threads": 32}),
