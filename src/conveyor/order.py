@@ -42,7 +42,7 @@ class ReadAhead:
     trainer counting ``len(loader)`` batches, a break in its last few) never ran the sampler
     out: torch's RandomSampler draws one more permutation from the generator then, and every
     later epoch's order differed from torch's. While the pool's workers make the batches
-    they read ahead as they are sent batches (``_Run._fill``), and ``top_up`` reads the rest
+    they read ahead as they are sent batches (``Run._fill``), and ``top_up`` reads the rest
     of torch's count when a batch is handed out: a worker still holding its share (its results
     not yet read from the pipe) is sent nothing then, and how far the sampler had been read
     when an epoch was left depended on the workers' timing."""
