@@ -32,8 +32,8 @@ from .executors.task import Death, Result, Task
 from .executors.fetcher import Fetcher
 from .executors.seeding import rng_lock
 from .order import ReadAhead, Slices, bulk_batches, digested, fresh_batches, own_indices, task_indices, torch_split
-from .placement import probe
-from .placement.probe import Mode
+from .placement import rules
+from .placement.rules import Mode
 from .stats import INLINE
 from .transport import to_numpy
 
@@ -378,10 +378,10 @@ class Run(Generic[T]):
         if self.len_said is not None and self.yielded > self.len_said:
             self._warn_len()
         self.stats.handed(asked, time.perf_counter(), size, len(self.reorder))
-        # every probe.RETUNE_EVERY batches the loader handed out, across epochs: counted per epoch,
+        # every rules.RETUNE_EVERY batches the loader handed out, across epochs: counted per epoch,
         # epochs of under 4 batches never fed the tuner ("not measured yet" for good)
-        if self.pool.tuner is not None and self.stats.batches % probe.RETUNE_EVERY == 0 and self.pool.tuning():
-            self.pool.retune(self.loader.stats())
+        if self.pool.tuner is not None and self.stats.batches % rules.RETUNE_EVERY == 0 and self.pool.probe.tuning():
+            self.pool.probe.retune(self.loader.stats())
         return batch
 
     def _warn_len(self) -> None:
@@ -401,7 +401,7 @@ class Run(Generic[T]):
         if self.ready or (self.slices is not None and pool.bulk_ok()):
             return self._bulk()
         if not self.inflight and not len(self.reorder):
-            while pool.serve_here():
+            while pool.probe.serve_here():
                 if pool.mode == Mode.INLINE and pool.quick:
                     return self._quick()
                 indices = next(self.batches)  # StopIteration ends the epoch
@@ -410,21 +410,21 @@ class Run(Generic[T]):
                 self.reorder.next = pool.seq
                 if pool.mode == Mode.WORKERS:
                     _ = self.ex  # started now if not yet (a later epoch's workers, which paid)
-                if pool.mode == Mode.WORKERS and not pool.holds_back():
+                if pool.mode == Mode.WORKERS and not pool.probe.holds_back():
                     self._fill()  # the workers start on the batches after this one
                 else:
                     # if this batch turns out slow and workers start meanwhile, they get the next
                     # batches once they are ready, all but those of the worker whose RNG this
                     # batch stands in for
-                    pool.on_early = lambda: pool.holds_back() or self._fill(
+                    pool.probe.on_early = lambda: pool.probe.holds_back() or self._fill(
                         hold=(task.seq - self.first_seq) % max(1, pool.num_workers))
                 try:
-                    result = pool.fetch_here(task)
+                    result = pool.probe.fetch_here(task)
                 finally:
-                    pool.on_early = None
+                    pool.probe.on_early = None
                 out = self._take(result)
                 if out is not None:
-                    if pool.mode == Mode.WORKERS and pool.started and not pool.holds_back():
+                    if pool.mode == Mode.WORKERS and pool.started and not pool.probe.holds_back():
                         # workers started while this batch was made here: the one held back for
                         # it (its RNG stand-in) gets its batches now, not at the next call
                         self._fill()
@@ -512,7 +512,7 @@ class Run(Generic[T]):
                     pool.grouping.note(ev)
                 if not pool.delivered:
                     pool.delivered = True
-                    pool.findings.start_s = time.perf_counter() - pool.launched_at
+                    pool.probe.findings.start_s = time.perf_counter() - pool.launched_at
                 self.reorder.push(ev)
         return deaths
 
@@ -541,7 +541,7 @@ class Run(Generic[T]):
             # the same shape as a worker's failure: original type, traceback chained, a note
             raise rebuild(capture(exc, None, indices, keep=True))  # noqa: B904 - the exception itself, noted
         end = time.perf_counter()
-        self.pool.note(end - start, batch)
+        self.pool.probe.note(end - start, batch)
         n = len(indices)
         self.budget.seen += n
         if self.to_numpy:
@@ -556,7 +556,7 @@ class Run(Generic[T]):
         self.lean = (pool.mode == Mode.INLINE and pool.quick and not self.dropping and not self.replicas_done
                      and self.len_said is None and self.positions is None and not self.ahead
                      and not self.ready and self.slices is None and not self.inflight
-                     and not len(self.reorder) and not (pool.tuner is not None and pool.tuning()))
+                     and not len(self.reorder) and not (pool.tuner is not None and pool.probe.tuning()))
         self._quick_fetch = fetcher.quick if self.lean else None
 
     def _lean(self) -> Any:
@@ -863,12 +863,12 @@ class Run(Generic[T]):
         pool = self.pool
         if pool.launched and not pool.persistent and not pool.dead:
             if not pool.delivered and pool.starting():
-                pool.findings.unready = True  # the whole epoch was made here while they started
-            pool.findings.fed_s, pool.findings.fed_batches = self.stats.since(pool.fed_from)
-        elif pool.here_from is not None and not pool.launched and not pool.dead:
-            waited, handed = self.stats.since(pool.here_from)
+                pool.probe.findings.unready = True  # the whole epoch was made here while they started
+            pool.probe.findings.fed_s, pool.probe.findings.fed_batches = self.stats.since(pool.probe.fed_from)
+        elif pool.probe.here_from is not None and not pool.launched and not pool.dead:
+            waited, handed = self.stats.since(pool.probe.here_from)
             if handed:
-                pool.findings.here_s, pool.findings.here_batches = waited, handed
+                pool.probe.findings.here_s, pool.probe.findings.here_batches = waited, handed
         if self.owns_pool:
             loader = self.loader
             if loader._inline is None and not loader._iterable and self.pool.serves_every_epoch():

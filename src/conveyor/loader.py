@@ -30,8 +30,8 @@ from .executors.processes import finish_cut_short
 from .executors.fetcher import fetches_batches
 from .executors.seeding import rng_lock
 from .executors.worker import WorkerSpec
-from .placement import probe
-from .placement.probe import Mode
+from .placement import rules
+from .placement.rules import Mode
 from .pool import Pool, pinner
 from .samplers import Sampler
 from .stats import Stats
@@ -233,7 +233,7 @@ class DataLoader(Generic[T]):
         # it opens since are made private to each forked worker: executors/inherit.py)
         self._fd_mark: list[dict[int, tuple[int, int]] | None] = []
         self._forked: list[bool] = []  # a pool of this loader has started process workers
-        self._findings = probe.Findings()  # what adaptive pools found, for the next epochs' pools
+        self._findings = rules.Findings()  # what adaptive pools found, for the next epochs' pools
         self._warned_slow = False  # SlowSettingWarning given (once a loader)
         self._slot_pinner = pinner(self)
         self._device_stage: Any = None
@@ -526,11 +526,11 @@ class DataLoader(Generic[T]):
             snap["num_workers"] = pool.num_workers if pool.mode == Mode.WORKERS or pool.launched else 0
             snap["fetch_threads"] = pool.threads
             snap["prefetch_factor"] = pool.prefetch if pool.num_workers else None
-            snap["keeps_files"] = pool._keeps_files
-            cost = pool.findings.batch_s
-            if not pool.launched and pool.mode == Mode.INLINE and pool._start_outweighs(cost):
+            snap["keeps_files"] = pool.probe._keeps_files
+            cost = pool.probe.findings.batch_s
+            if not pool.launched and pool.mode == Mode.INLINE and pool.probe._start_outweighs(cost):
                 assert cost is not None
-                snap["workers_not_started"] = probe.start_words(pool.findings, cost, pool.epoch_batches or 0)
+                snap["workers_not_started"] = rules.start_words(pool.probe.findings, cost, pool.probe.epoch_batches or 0)
             if pool.tuner is not None:
                 # what "auto" chose for the settings it tunes; a setting the user fixed is
                 # reported as it is (the tuner's decision may name another it may not apply)
@@ -595,7 +595,7 @@ class DataLoader(Generic[T]):
 
         snap = self.stats()
         if _no_core_left():
-            snap["shared_cores"] = probe.ranks_words()  # (only the report says it: stats() stays numbers)
+            snap["shared_cores"] = rules.ranks_words()  # (only the report says it: stats() stays numbers)
         return report(snap)
 
     # -- checkpointing ------------------------------------------------------

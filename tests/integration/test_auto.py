@@ -12,6 +12,7 @@ import pytest
 
 import conveyor.loader
 import conveyor.placement.probe
+import conveyor.placement.rules
 import conveyor.pool
 import conveyor.epoch
 import conveyor.placement.machine
@@ -53,15 +54,15 @@ class Waits:
 def probed(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """The seq of every probing batch the main process makes; "cheap" is a generous 50 ms,
     so that a busy machine does not decide these tests."""
-    monkeypatch.setattr(conveyor.placement.probe, "INLINE_MAX_S", 0.05)
+    monkeypatch.setattr(conveyor.placement.rules, "INLINE_MAX_S", 0.05)
     seen: list[int] = []
-    probe = conveyor.pool.Pool._probe
+    probe = conveyor.placement.probe.Probe._probe
 
     def counting(self: object, local: object, task: object) -> object:
         seen.append(task.seq)  # type: ignore[attr-defined]
         return probe(self, local, task)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(conveyor.pool.Pool, "_probe", counting)
+    monkeypatch.setattr(conveyor.placement.probe.Probe, "_probe", counting)
     return seen
 
 
@@ -72,7 +73,7 @@ def _all(loader: DataLoader) -> np.ndarray:
 @pytest.mark.timeout(60)
 def test_cheap_samples_stay_in_the_main_process(monkeypatch: pytest.MonkeyPatch) -> None:
     # "cheap" is a measured cost; a generous bar keeps this independent of how busy the machine is
-    monkeypatch.setattr(conveyor.placement.probe, "INLINE_MAX_S", 0.05)
+    monkeypatch.setattr(conveyor.placement.rules, "INLINE_MAX_S", 0.05)
     with DataLoader(Tiny(), batch_size=16, num_workers="auto", output="numpy") as loader:
         got = _all(loader)
         stats = loader.stats()
@@ -154,7 +155,7 @@ def test_a_batch_the_workers_were_forked_in_does_not_count_the_fork_as_its_cpu(w
         next(iter(loader))
         pool = loader._last_pool
         assert pool is not None and not pool.launched
-        pool.inline_costs[:] = [0.001]  # not the very first batch: the watch starts them at once
+        pool.probe.inline_costs[:] = [0.001]  # not the very first batch: the watch starts them at once
         clock = {"cpu": 10.0}
         started: list[float] = []
 
@@ -162,8 +163,8 @@ def test_a_batch_the_workers_were_forked_in_does_not_count_the_fork_as_its_cpu(w
             started.append(busy)
             clock["cpu"] += 0.25
 
-        setattr(pool, "_start_early_auto" if workers == "auto" else "_start_early", start)
-        result, _ = pool._run_probe(_Watched(1.0, clock), Task(7, 0, [0, 1]), watch=True)
+        setattr(pool.probe, "_start_early_auto" if workers == "auto" else "_start_early", start)
+        result, _ = pool.probe._run_probe(_Watched(1.0, clock), Task(7, 0, [0, 1]), watch=True)
     assert len(started) == 1
     assert result.cpu == pytest.approx(0.75), result.cpu
 
@@ -270,22 +271,22 @@ def test_time_a_probing_batch_spent_preempted_is_not_waiting(monkeypatch: pytest
     clock = {"wall": 0.0, "cpu": 0.0, "rq": 0.0}
     fake = type("FakeTime", (), {"perf_counter": staticmethod(lambda: clock["wall"]),
                                  "process_time": staticmethod(lambda: clock["cpu"])})
-    monkeypatch.setattr(conveyor.pool, "time", fake)
-    monkeypatch.setattr(conveyor.pool, "_runqueue_wait", lambda: clock["rq"])
+    monkeypatch.setattr(conveyor.placement.probe, "time", fake)
+    monkeypatch.setattr(conveyor.placement.probe, "_runqueue_wait", lambda: clock["rq"])
     started: list[float] = []
     for rq, expect_start in ((0.006, False), (0.0, True)):
         started.clear()
         clock.update(wall=0.0, cpu=0.0, rq=0.0)
-        check = conveyor.pool.Pool._early_check(started.append, 0.0, 0.0, 0.0, first=True)
+        check = conveyor.placement.probe.Probe._early_check(started.append, 0.0, 0.0, 0.0, first=True)
         clock.update(wall=0.008, cpu=0.002, rq=rq)
         again = check()
         if expect_start:
             assert again is None and started == [pytest.approx(0.25)]
         else:
-            assert started == [] and again == pytest.approx(conveyor.placement.probe.EARLY_START_S - 0.002)
+            assert started == [] and again == pytest.approx(conveyor.placement.rules.EARLY_START_S - 0.002)
     # without schedstat (None) the wall time is all there is
     started.clear()
-    check = conveyor.pool.Pool._early_check(started.append, 0.0, 0.0, None, first=True)
+    check = conveyor.placement.probe.Probe._early_check(started.append, 0.0, 0.0, None, first=True)
     assert check() is None and started == [pytest.approx(0.25)]
 
 
@@ -293,7 +294,7 @@ def test_time_a_probing_batch_spent_preempted_is_not_waiting(monkeypatch: pytest
 def test_a_first_batch_that_copies_memory_does_not_fork_the_workers(monkeypatch: pytest.MonkeyPatch) -> None:
     # 16 MB a batch gathered from memory burns milliseconds of CPU, copying and faulting in
     # new pages: that is no sign of work a worker would do better (it would copy once more)
-    monkeypatch.setattr(conveyor.placement.probe, "INLINE_RATE", 2e8)  # "copying" whatever the machine's load
+    monkeypatch.setattr(conveyor.placement.rules, "INLINE_RATE", 2e8)  # "copying" whatever the machine's load
 
     class InMemory:
         def __init__(self) -> None:
@@ -333,10 +334,10 @@ def test_copies_a_training_step_would_hide_go_to_the_workers(monkeypatch: pytest
     # batches made at memory speed stay in the main process while the loop only iterates;
     # where it trains between them (5 ms steps), making them here adds each to a step,
     # and workers make them beside it (19 MB batches, 20 ms steps: 6.5-10 s against 4.2 s)
-    monkeypatch.setattr(conveyor.placement.probe, "INLINE_RATE", 2e8)  # "copying" whatever the machine's load
+    monkeypatch.setattr(conveyor.placement.rules, "INLINE_RATE", 2e8)  # "copying" whatever the machine's load
     # and worth a trip from a worker whatever the machine's speed, had it not been copying
-    monkeypatch.setattr(conveyor.placement.probe, "INLINE_MAX_S", 1e-5)
-    monkeypatch.setattr(conveyor.placement.probe, "trip_s", lambda batch, output: 1e-7)
+    monkeypatch.setattr(conveyor.placement.rules, "INLINE_MAX_S", 1e-5)
+    monkeypatch.setattr(conveyor.placement.rules, "trip_s", lambda batch, output: 1e-7)
     with DataLoader(_InMemory(16 * 12), batch_size=16, num_workers=workers, adaptive=True, output="numpy") as loader:
         sums = []
         for b in loader:
@@ -409,13 +410,13 @@ def test_a_thread_cut_that_costs_throughput_is_undone(monkeypatch: pytest.Monkey
     monkeypatch.setattr(conveyor.placement.tuner.time, "perf_counter", lambda: next(clock))
     try:
         told.wanted = 8  # the model asks for fewer threads, twice: the second time it is tried
-        pool.retune({"batches": 8})     # first window: no rate yet; one vote for fewer
-        pool.retune({"batches": 16})    # 8 batches/s; two votes: cut to 32 (at most half)
+        pool.probe.retune({"batches": 8})     # first window: no rate yet; one vote for fewer
+        pool.probe.retune({"batches": 16})    # 8 batches/s; two votes: cut to 32 (at most half)
         assert applied[-1] == 32
-        pool.retune({"batches": 20})    # 4 batches/s after the cut: undone, and a floor set
+        pool.probe.retune({"batches": 20})    # 4 batches/s after the cut: undone, and a floor set
         assert applied[-1] == 64 and told.thread_steer.floor == 64
-        pool.retune({"batches": 28})
-        pool.retune({"batches": 36})
+        pool.probe.retune({"batches": 28})
+        pool.probe.retune({"batches": 36})
         assert applied[-1] == 64, "no cut below the floor"
     finally:
         pool.close()
@@ -546,9 +547,9 @@ def test_the_lean_path_hands_out_what_the_general_one_does(monkeypatch: pytest.M
         # Tiny is cheap however busy the machine: neither its costs, nor a preempted batch's
         # watch (2 ms), nor a first batch's CPU (a full collection in it) start the workers
         # in one of the two runs and not in the other
-        monkeypatch.setattr(conveyor.placement.probe, "INLINE_MAX_S", 0.05)
-        monkeypatch.setattr(conveyor.placement.probe, "SLOW_S", 0.5)
-        monkeypatch.setattr(conveyor.placement.probe, "FIRST_SLOW_S", 0.5)
+        monkeypatch.setattr(conveyor.placement.rules, "INLINE_MAX_S", 0.05)
+        monkeypatch.setattr(conveyor.placement.rules, "SLOW_S", 0.5)
+        monkeypatch.setattr(conveyor.placement.rules, "FIRST_SLOW_S", 0.5)
 
     cheap()
     for kw in ({}, {"num_workers": 2, "adaptive": True}):
@@ -603,8 +604,8 @@ def cheap_below_4ms(monkeypatch: pytest.MonkeyPatch) -> None:
     """A bar that a busy machine does not move the cheap batches past, nor the costly ones
     (16 ms of CPU) under; and no batch is slow enough to start the workers from its watch
     (a cheap probing batch preempted on a machine at load 12 on 2 cores read past 2 ms)."""
-    monkeypatch.setattr(conveyor.placement.probe, "INLINE_MAX_S", 0.004)
-    monkeypatch.setattr(conveyor.placement.probe, "SLOW_S", 0.5)
+    monkeypatch.setattr(conveyor.placement.rules, "INLINE_MAX_S", 0.004)
+    monkeypatch.setattr(conveyor.placement.rules, "SLOW_S", 0.5)
 
 
 @pytest.mark.timeout(90)
@@ -732,15 +733,15 @@ def test_a_batch_is_worth_a_worker_only_above_the_trips_it_costs(monkeypatch: py
     # a batch above INLINE_MAX_S still stays in the main process while it costs under TRIPS
     # trips from a worker, as timed on this machine: on a machine slow enough that a trip
     # costs 10 ms, a batch of 1.6 ms is kept here; where a trip is nearly free, workers make it
-    monkeypatch.setattr(conveyor.placement.probe, "INLINE_MAX_S", 0.0005)
-    monkeypatch.setattr(conveyor.placement.probe, "SLOW_S", 0.5)  # only the trips decide, however busy the machine
+    monkeypatch.setattr(conveyor.placement.rules, "INLINE_MAX_S", 0.0005)
+    monkeypatch.setattr(conveyor.placement.rules, "SLOW_S", 0.5)  # only the trips decide, however busy the machine
     timed: list[object] = []
 
     def trip_s(batch: object, output: str) -> float:
         timed.append(batch)
         return trip
 
-    monkeypatch.setattr(conveyor.placement.probe, "trip_s", trip_s)
+    monkeypatch.setattr(conveyor.placement.rules, "trip_s", trip_s)
     with DataLoader(Burns(), batch_size=8, num_workers=2, adaptive=True, output="numpy") as loader:
         got = _all(loader)
         stats = loader.stats()
@@ -779,12 +780,12 @@ def test_a_costly_first_batch_alone_does_not_fork_the_workers(made_here: int, fo
         next(iter(loader))
         pool = loader._last_pool
         assert pool is not None and not pool.launched
-        pool.inline_costs[:] = [0.0032] * made_here
-        pool.inline_rates[:] = [1e6] * made_here  # bytes a second: computing, not copying memory
-        pool.probe_cpu, pool.copying = 0.0032, False
+        pool.probe.inline_costs[:] = [0.0032] * made_here
+        pool.probe.inline_rates[:] = [1e6] * made_here  # bytes a second: computing, not copying memory
+        pool.probe.probe_cpu, pool.probe.copying = 0.0032, False
         started: list[float] = []
-        pool._start_early = lambda busy=1.0: started.append(busy)  # type: ignore[method-assign]
-        pool._run_probe(_Watched(1e-5, {"cpu": 0.0}, fires=False), Task(made_here, 0, [0, 1]), watch=True)
+        pool.probe._start_early = lambda busy=1.0: started.append(busy)  # type: ignore[method-assign]
+        pool.probe._run_probe(_Watched(1e-5, {"cpu": 0.0}, fires=False), Task(made_here, 0, [0, 1]), watch=True)
     assert bool(started) == forks, (made_here, started)
 
 
@@ -795,9 +796,9 @@ def test_probing_batches_that_read_high_do_not_fork_the_workers(monkeypatch: pyt
     # three probing batches of 1.6 ms and a fourth of microseconds: the cheapest says what a
     # batch costs (the quick path times them again later); when every batch costs 1.6 ms,
     # the workers make them
-    monkeypatch.setattr(conveyor.placement.probe, "INLINE_MAX_S", 0.0005)
-    monkeypatch.setattr(conveyor.placement.probe, "SLOW_S", 0.5)  # only the costs decide, however busy the machine
-    monkeypatch.setattr(conveyor.placement.probe, "trip_s", lambda batch, output: 1e-6)
+    monkeypatch.setattr(conveyor.placement.rules, "INLINE_MAX_S", 0.0005)
+    monkeypatch.setattr(conveyor.placement.rules, "SLOW_S", 0.5)  # only the costs decide, however busy the machine
+    monkeypatch.setattr(conveyor.placement.rules, "trip_s", lambda batch, output: 1e-6)
     with DataLoader(ColdStart(8 * slow_batches, 0.0002), batch_size=8, num_workers=2, adaptive=True, output="numpy") as loader:
         got = _all(loader)
         stats = loader.stats()
@@ -811,7 +812,7 @@ def test_the_probes_own_bookkeeping_is_not_a_batchs_cost(monkeypatch: pytest.Mon
     # batches of microseconds, probed with 1 ms of bookkeeping each around them (here: the
     # run-queue reading the watch starts from): a batch kept in the main process would not
     # pay it, so it is no reason to fork, nor to time a trip
-    real = conveyor.pool._runqueue_wait
+    real = conveyor.placement.probe._runqueue_wait
 
     def slow_census() -> float | None:
         _burn(0.001)
@@ -823,10 +824,10 @@ def test_the_probes_own_bookkeeping_is_not_a_batchs_cost(monkeypatch: pytest.Mon
         trips.append(1)
         return 1e-6  # 11 trips: under INLINE_MAX_S, so only the costs decide
 
-    monkeypatch.setattr(conveyor.pool, "_runqueue_wait", slow_census)
-    monkeypatch.setattr(conveyor.placement.probe, "SLOW_S", 0.5)  # however busy the machine
-    monkeypatch.setattr(conveyor.placement.probe, "trip_s", trip)
-    monkeypatch.setattr(conveyor.placement.probe, "INLINE_MAX_S", 0.0005)
+    monkeypatch.setattr(conveyor.placement.probe, "_runqueue_wait", slow_census)
+    monkeypatch.setattr(conveyor.placement.rules, "SLOW_S", 0.5)  # however busy the machine
+    monkeypatch.setattr(conveyor.placement.rules, "trip_s", trip)
+    monkeypatch.setattr(conveyor.placement.rules, "INLINE_MAX_S", 0.0005)
     with DataLoader(ColdStart(0, 0.0), batch_size=8, num_workers=workers, adaptive=True, output="numpy") as loader:
         got = _all(loader)
         stats = loader.stats()
@@ -842,10 +843,10 @@ def test_a_trip_is_timed_for_every_kind_of_leaf() -> None:
     batch = {"x": torch.ones(32, 8), "y": np.zeros((32, 1, 2), np.float16), "flag": np.bool_(True),
              "label": torch.tensor(3), "names": ["a", "b"], "n": 7, "boxes": [torch.zeros(2, 4)]}
     for output in ("torch", "numpy"):
-        took = conveyor.placement.probe.trip_s(batch, output)
+        took = conveyor.placement.rules.trip_s(batch, output)
         assert 0 < took < float("inf")
     # a batch that cannot make the trip (here: a lambda does not pickle) is not timed, and not an error
-    assert conveyor.placement.probe.trip_s({"x": torch.ones(2), "f": lambda: 0}, "torch") == 0.0
+    assert conveyor.placement.rules.trip_s({"x": torch.ones(2), "f": lambda: 0}, "torch") == 0.0
 
 
 @pytest.mark.parametrize("num_workers", [2, "auto"])
@@ -854,13 +855,13 @@ def test_main_process_batches_keep_a_bounded_record_of_their_rates(monkeypatch: 
     # each batch made in the main process appended its bytes per second, for good: a list
     # growing by a float a batch over a run of millions. (Bars a busy machine does not move
     # these microsecond batches past: at load 14 on 2 cores "auto" started workers for them.)
-    monkeypatch.setattr(conveyor.placement.probe, "INLINE_MAX_S", 0.05)
-    monkeypatch.setattr(conveyor.placement.probe, "SLOW_S", 0.5)
-    monkeypatch.setattr(conveyor.placement.probe, "FIRST_SLOW_S", 0.5)
+    monkeypatch.setattr(conveyor.placement.rules, "INLINE_MAX_S", 0.05)
+    monkeypatch.setattr(conveyor.placement.rules, "SLOW_S", 0.5)
+    monkeypatch.setattr(conveyor.placement.rules, "FIRST_SLOW_S", 0.5)
     with DataLoader(np.arange(600, dtype=np.float32), batch_size=None, num_workers=num_workers, adaptive=True) as loader:
         assert sum(1 for _ in loader) == 600
         assert loader._last_pool is not None and loader._last_pool.mode.value == "inline"
-        assert len(loader._last_pool.inline_rates) <= 16
+        assert len(loader._last_pool.probe.inline_rates) <= 16
 
 
 @pytest.mark.timeout(60)
@@ -1118,7 +1119,7 @@ def test_later_epochs_give_slowly_starting_workers_a_head_start_too(monkeypatch:
     # with a worker per core, the main process made no batch while later epochs' workers
     # started (forked ones, in ~20 ms, would only lose a core to it); spawned ones took ~1 s
     # to import, every epoch, the training loop standing still meanwhile
-    monkeypatch.setattr(conveyor.pool, "_cores", lambda: 1)
+    monkeypatch.setattr(conveyor.placement.probe, "cpu_share", lambda: 1)
     me = os.getpid()
     with DataLoader(Pids(n=800), batch_size=2, num_workers=1, adaptive=True, multiprocessing_context="spawn",
                     output="numpy") as loader:
@@ -1134,7 +1135,7 @@ def test_later_epochs_give_slowly_starting_workers_a_head_start_too(monkeypatch:
 
 
 def test_the_findings_weigh_a_start_up_against_the_batches() -> None:
-    from conveyor.placement.probe import Findings as _Findings, start_words as _start_words
+    from conveyor.placement.rules import Findings as _Findings, start_words as _start_words
 
     spawned = _Findings(batch_s=0.01, start_s=1.2, stop_s=0.03)
     assert spawned.slow_start()  # 120 batches' time
@@ -1257,7 +1258,7 @@ def test_tuning_gives_the_settings_in_a_form_that_passes_back(make: Callable[[],
                                                               monkeypatch: pytest.MonkeyPatch) -> None:
     # tuning() holds ``reason`` and ``settled`` beside the settings: DataLoader(**tuning())
     # fails on them, so ``kwargs`` holds the settings alone
-    monkeypatch.setattr(conveyor.placement.probe, "INLINE_MAX_S", 0.05)  # Tiny is cheap however busy the machine
+    monkeypatch.setattr(conveyor.placement.rules, "INLINE_MAX_S", 0.05)  # Tiny is cheap however busy the machine
     with DataLoader(make(), batch_size=16, num_workers="auto", output="numpy") as loader:
         first = _all(loader)
         chosen = loader.tuning()

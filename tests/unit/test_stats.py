@@ -11,6 +11,7 @@ import pytest
 
 import conveyor
 import conveyor.placement.probe
+import conveyor.placement.rules
 import conveyor.loader
 from conveyor.report import plot_sweep, plot_timeline, report, workers_needed
 from conveyor.stats import Stats, trace_events, write_trace
@@ -196,7 +197,7 @@ class _Computes:
 def test_loader_report_names_the_ranks_that_share_the_cores(monkeypatch: pytest.MonkeyPatch) -> None:
     # loader.report() tells report() what the launcher says: 4 ranks on 2 cores
     monkeypatch.setattr(conveyor.loader, "_no_core_left", lambda: True)
-    monkeypatch.setattr(conveyor.placement.probe, "ranks_words", lambda: "4 training processes share this machine's 2 cores")
+    monkeypatch.setattr(conveyor.placement.rules, "ranks_words", lambda: "4 training processes share this machine's 2 cores")
     with conveyor.DataLoader(_Computes(), batch_size=8, output="numpy") as loader:
         for _ in loader:
             time.sleep(0.001)  # a step of 1 ms against batches of 16 ms made here

@@ -1,0 +1,273 @@
+"""Where "auto" (and the ``adaptive=True`` opt-in) makes batches: the thresholds ``Probe``
+decides by, and what it carries from one epoch to the next.
+
+The main process makes the first batches itself and times them (``Mode.PROBE``); batches that
+cost less than a trip from a worker stay there (``Mode.INLINE``), costlier ones go to workers
+(``Mode.WORKERS``). ``Findings`` carries what one epoch's probe learnt to the next epoch's
+pool (workers that do not persist are new every epoch). The thresholds are measured on the
+machines in docs/decisions/; tests set them through this module (``probe.py`` reads
+them from it).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import math
+import pickle
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from .. import _torch
+from .._tree import tree_map
+from ..executors.task import Result
+from .machine import ranks_here, usable_cores
+
+__all__ = ["Mode", "Findings", "CpuTimed", "nbytes", "trip_s", "typical", "estimate", "probed_enough",
+           "ranks_words", "start_words"]
+
+
+# A batch that costs less than this in the main process is cheaper to make there
+# than to receive from a worker (pickle, pipe, wake-ups, ~100 us of the main process's
+# time a batch, plus ~9 ms to fork each torch-sized worker): adaptive loaders keep it.
+# On 2 cores, diabetes batches of 180-330 us ran 2x slower with workers than without.
+INLINE_MAX_S = 500e-6
+
+
+# ... or less than this many trips from a worker, where a trip costs more (a slower machine:
+# see trip_s). On an Intel Xeon VM where a diabetes batch's trip cost 73 us, 240 batches
+# broke even at 800-850 us a batch (as the probe times it); 414 us batches ran 0.80x as
+# fast with two workers, 860 us ones 1.12x.
+TRIPS = 11
+
+
+# A batch this slow is clearly worth a worker (two in a row: start them); a probing batch
+# still running after this long starts them there and then (five times that: at once).
+SLOW_S = 2e-3
+
+
+# ... except after the very first batch, whose one-time costs (first calls into libraries,
+# first touches of the data) pass SLOW_S on their own: a diabetes batch's reached 2.0-2.4 ms
+# of CPU in fresh processes on a slow host (its later batches 0.4-0.7 ms) and forked the
+# workers in 2 of 12 runs, each then twice as slow.
+FIRST_SLOW_S = 5e-3
+
+
+# A batch produced faster than this (bytes of arrays per second) is a memory copy: a worker
+# would repeat the copy into shared memory and add a trip, so the main process keeps it.
+# (Decoding JPEGs makes ~0.07 GB/s a core; copying arrays 1.5 GB/s into fresh pages, 10+
+# into reused ones.)
+INLINE_RATE = 1e9
+
+
+# ... unless the training loop's step between batches is at least this share of a batch's
+# cost: then workers make the copies beside the step, where the main process would add each
+# to it (3x224x224 float32 batches of 32, 12 ms here, and a 20 ms step: 6.5-10 s an epoch of
+# 200 made here, 4.2 s by 2 workers). A loop that only iterates keeps its copies here.
+STEP_HIDES = 0.25
+
+
+# The first probing batch also pays one-time costs: unless it mostly waits, it starts the
+# workers only after this long (later ones after SLOW_S), so they overlap the rest of it.
+EARLY_START_S = 0.025
+
+
+# "auto" reads the stats every this many batches handed out (a snapshot costs ~50 us)
+RETUNE_EVERY = 4
+
+
+# Where the training processes leave no core for workers (tuning.no_core_left), a first batch
+# starts them only if it kept the process this little busy: batches computing 1 ms a sample
+# on 4 DDP ranks sharing 2 cores read 0.24-0.47 busy there, run-queue waits taken out.
+CROWDED_WAITS = 0.2
+
+
+# Workers that took longer than this many main-process batches, and this long, to start
+# (spawned ones import afresh: 1.2-1.5 s with torch, for batches of ~10 ms) get a head start
+# from the main process even with a worker per core: the training loop stood still for all
+# of it, every epoch. (Forked ones start in ~20 ms.)
+SLOW_START_BATCHES = 8
+
+
+SLOW_START_S = 0.1
+
+
+def nbytes(batch: Any) -> int:
+    """Bytes of array data in a batch (numpy arrays and tensors)."""
+    total = 0
+
+    def leaf(obj: Any) -> None:
+        nonlocal total
+        try:
+            n = getattr(obj, "nbytes", None)
+        except RuntimeError:  # a sparse torch tensor has no nbytes: left out of the estimate
+            return
+        if isinstance(n, int):
+            total += n
+
+    tree_map(leaf, batch)
+    return total
+
+
+def trip_s(batch: Any, output: str) -> float:
+    """Seconds of this machine's CPU a trip from a process worker costs a batch shaped like
+    ``batch`` (its envelope: encode, pickle, unpickle, decode), without moving its data (each
+    array leaf stands in as one element of its dtype): the best of three. 0.0 for a batch
+    it cannot time (what does not pickle is the workers' to report, not this estimate's)."""
+    from ..transport import Packed, Views, decode, encode
+
+    def small(obj: Any) -> Any:
+        if isinstance(obj, np.ndarray):
+            return np.zeros((1,) * obj.ndim, obj.dtype)
+        if _torch.is_tensor(obj) and obj.device.type == "cpu":
+            return obj.new_zeros((1,) * obj.ndim)
+        return obj
+
+    views = Views(None)
+    best = math.inf
+    try:
+        proxy = tree_map(small, batch)
+        for _ in range(3):
+            t0 = time.perf_counter()
+            tree, holes, leaves, blob = encode(proxy, None)
+            fields = Result(0, 0, batch=(tree, holes, leaves, (), 0, 0, blob), start=t0, fetched=t0, end=t0).fields()
+            back = Result(*pickle.loads(pickle.dumps(fields, protocol=pickle.HIGHEST_PROTOCOL)))
+            decode(Packed._make(back.batch), views, output=output)
+            best = min(best, time.perf_counter() - t0)
+    except Exception:  # noqa: BLE001 - an estimate; the batch itself is fine where it is
+        return 0.0
+    return best
+
+
+@dataclasses.dataclass
+class Findings:
+    """What a loader's adaptive pools found out, for the pools of its later epochs (workers
+    that do not persist are new every epoch). Forgotten when a setting changes."""
+
+    # the batches were worth the workers: later pools start them at once instead of probing
+    workers_paid: bool = False
+    # the dataset draws from the global RNGs: while later pools' workers start, the main
+    # process makes no batch (it would draw from the caller's RNGs)
+    draws_rngs: bool = False
+    batch_s: float | None = None  # what a batch costs the main process, as probing found
+    start_s: float | None = None  # from starting the workers to their first batch back
+    stop_s: float | None = None  # closing them
+    # an epoch ended, the main process making every batch, before the workers were ready
+    unready: bool = False
+    # the last whole epoch with workers that do not persist: the training loop's time inside
+    # next() from their start on (start-up included), and the batches it got meanwhile
+    fed_s: float | None = None
+    fed_batches: int = 0
+    # the last whole epoch made in the main process once such workers had been timed: the
+    # loop's time inside next(), and its batches
+    here_s: float | None = None
+    here_batches: int = 0
+
+    def fed_a_batch(self) -> float | None:
+        """The loop's time for a batch from the workers (their stop included), if timed."""
+        if self.fed_s is None or self.fed_batches == 0:
+            return None
+        return (self.fed_s + (self.stop_s or 0.0)) / self.fed_batches
+
+    def made_a_batch(self, cost: float) -> float:
+        """The loop's time for a batch made here: ``cost`` (a typical batch as timed here,
+        blind to rare slow samples), or what an epoch made here measured, if more."""
+        if self.here_s is None or not self.here_batches:
+            return cost
+        return max(cost, self.here_s / self.here_batches)
+
+    def workers_lose(self, cost: float) -> bool:
+        """Did the loop wait longer for the workers' batches than for batches made here?
+        Until an epoch made here measures the latter, ``cost`` stands in for it: the next
+        epoch is then made here, and measured, and the faster way is kept."""
+        fed = self.fed_a_batch()
+        return fed is not None and fed >= self.made_a_batch(cost)
+
+    def forget(self) -> None:
+        self.__init__()  # type: ignore[misc]
+
+    def slow_start(self) -> bool:
+        """Did the workers take longer to start than ``SLOW_START_S``, and than the main
+        process takes to make ``SLOW_START_BATCHES`` batches?"""
+        return (self.start_s is not None and self.batch_s is not None
+                and self.start_s > max(SLOW_START_S, SLOW_START_BATCHES * self.batch_s))
+
+    def workers_s(self) -> float | None:
+        """What starting and stopping the workers costs, once both were timed."""
+        if self.start_s is None or self.stop_s is None:
+            return None
+        return self.start_s + self.stop_s
+
+
+def ranks_words() -> str:
+    """How many training processes share how many cores, in words."""
+    return f"{ranks_here()} training processes share this machine's {usable_cores()} cores"
+
+
+def start_words(findings: Findings, cost: float, batches: int) -> str:
+    """Why workers that do not persist are not worth starting, in words."""
+    if findings.unready:
+        return (f"starting the workers took longer than the epoch's {batches} batches take in the main process "
+                f"({cost * batches:.2f} s): it made them all while they started")
+    fed = findings.fed_a_batch()
+    if fed is not None and findings.workers_lose(cost):
+        measured = "" if findings.here_s is None else ", as an epoch of them measured it"
+        return (f"the training loop waited {fed * 1e3:.1f} ms a batch for the workers' batches (their start and "
+                f"stop included), more than for one made in the main process "
+                f"({findings.made_a_batch(cost) * 1e3:.1f} ms{measured})")
+    return (f"starting and stopping the workers takes {findings.workers_s() or 0.0:.2f} s an epoch, more than "
+            f"the epoch's {batches} batches take in the main process ({cost * batches:.2f} s)")
+
+
+class CpuTimed:
+    """``fn`` called with the CPU seconds this thread spends in it added up (``cpu_s``), read
+    on ``clock``: the clock of the batch it runs inside, so that what it takes away from that
+    batch is what it added (a fetcher's clock counts the thread's waits for a core too)."""
+
+    def __init__(self, fn: Callable[..., None], clock: Callable[[], float] = time.thread_time) -> None:
+        self.fn, self.clock, self.cpu_s = fn, clock, 0.0
+
+    def __call__(self, *args: Any) -> None:
+        c0 = self.clock()
+        try:
+            self.fn(*args)
+        finally:
+            self.cpu_s += self.clock() - c0
+
+
+def typical(costs: list[float]) -> float:
+    """What a main-process batch costs: a low quantile, since a busy machine preempts some
+    batches, which says nothing of their cost."""
+    return sorted(costs)[len(costs) // 4]
+
+
+def estimate(costs: list[float]) -> float:
+    """What a main-process batch costs, for a loader whose count of workers is set: the
+    cheapest of the first probing batches, the low quartile once there are more.
+
+    The first batches read high (one-time costs, cold caches, and each probing batch's RNG
+    bookkeeping), and the two mistakes do not cost alike: workers started for batches that
+    were cheaper here stay (diabetes on a slow host, probing batches of 0.5-1.6 ms and later
+    ones of 0.4: twice as slow), while batches kept here are timed again by the quick path
+    (``Pool.note``, every 16) and go to the workers if they are costly after all."""
+    return min(costs) if len(costs) <= 4 else typical(costs)
+
+
+def probed_enough(costs: list[float]) -> bool:
+    """Have the probing batches said enough to choose? After four, or as soon as two cost
+    at most ``INLINE_MAX_S``: the low quartile of four is then at most that whatever the
+    other two cost, so the choice is the one four would make. With tiny samples each
+    probing batch pays ~0.15 ms of RNG bookkeeping, a real share of a short run."""
+    return len(costs) >= 4 or sum(c <= INLINE_MAX_S for c in costs) >= 2
+
+
+class Mode(enum.Enum):
+    """Where a pool makes its batches."""
+
+    PROBE = "probe"  # the main process makes them and times them, to choose ("auto", ``adaptive``)
+    INLINE = "inline"  # the main process makes them
+    WORKERS = "workers"  # the workers make them (after a head start, where one is allowed)
+
