@@ -10,19 +10,16 @@ counts the samples skipped under ``on_error="skip"``, and says where a timed-out
 
 from __future__ import annotations
 
-import array
 import collections
-import itertools
 import threading
 import time
 import warnings
-import weakref
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import numpy as np
 
-from . import _torch, failures, position, replay
+from . import _torch, failures
 from .errors import TooManyFailures, capture, rebuild
 from .executors.processes import ProcessExecutor
 from ._platform.signals import hold_ctrl_c
@@ -31,7 +28,7 @@ from .executors.reorder import Reorder
 from .executors.task import Death, Result, Task
 from .executors.fetcher import Fetcher
 from .executors.seeding import rng_lock
-from .order import ReadAhead, Slices, bulk_batches, digested, fresh_batches, own_indices, task_indices, torch_split
+from .order import EpochOrder, ReadAhead, bulk_batches, task_indices, torch_split
 from .placement import rules
 from .placement.rules import Mode
 from .stats import INLINE
@@ -71,12 +68,6 @@ class Run(Generic[T]):
         gen = loader.generator
         self.generator_state = gen.get_state() if _torch.is_generator(gen) else None
         iterable = loader._iterable
-        # Map-style: the positions (batch numbers in the epoch) handed out or skipped whole:
-        # all below ``prefix``, and ``ahead`` beyond it (batches handed out of order, or left
-        # out of a resumed epoch because an out-of-order run had handed them out).
-        self.ahead: set[int] = set() if iterable else {p for p in done if p > skip}
-        self.prefix = skip
-        self.positions: list[int] | None = None  # position of each batch of this run, when some are left out
         self.out_seq = -1  # seq of the batch being handed out
         self.out_worker = -1  # and of the replica it came from (streams)
         self.bulk_seq = 0  # seq of the next batch in ``ready``
@@ -93,45 +84,9 @@ class Run(Generic[T]):
             else:
                 self.drop_any = skip
         self.dropping = self.drop_any + sum(self.drop_counts)  # batches still to drop
-        self.prefix_base = skip  # position of this run's first batch (map-style, none left out)
-        self.slices = Slices.of(loader, skip) if pool.spec.gather and not self.ahead else None
-        self.rngs: replay.Mark | dict[str, Any] | None = None  # a sampler without state_dict: _replayed_batches
         self.ready: collections.deque[Any] = collections.deque()  # batches of one bulk gather
-        # torch's iterator with workers takes its first prefetch_factor * num_workers batches of
-        # indices when it is made (drawing the order then, and from a shared generator before
-        # the next iterator's seed); without workers it waits for the first next(). Seed-mode
-        # samplers take their epoch when iterated, so a second live iterator cannot change it.
-        primed = 0
-        if not iterable and loader.num_workers > 0:
-            primed = loader.num_workers * (loader.prefetch_factor or 2)
-        self.primed = primed
-        if self.slices is not None:
-            self.batches: Iterator[Any] = self.slices
-            self.slices.begin(primed > 0)
-        else:
-            start = 0  # position of the sampler's next batch
-            if position.replays(loader):
-                self.batches, start = self._replayed_batches(skip, replayed)
-            else:
-                self.batches = iter(loader._index_sampler)  # a stream's: placeholders, never skipped
-            if not iterable and loader._auto_collation and not fresh_batches(loader._index_sampler):
-                # a batch sampler may yield one list refilled in place: each batch is copied as it
-                # is drawn, or batches read ahead (and tasks not yet sent) change under the loader
-                self.batches = map(own_indices, self.batches)
-            if self.ahead:
-                self.positions = []
-                # a copy: ``ahead`` loses each position as the prefix passes it, and the
-                # sampler is read lazily (without workers, up to the batch being made)
-                self.batches = self._leave_out(self.batches, skip, frozenset(self.ahead), self.positions, start)
-            elif skip > start and not iterable:
-                self.batches = itertools.islice(self.batches, skip - start, None)
-            if primed:
-                head = list(itertools.islice(self.batches, primed))
-                self.batches = ReadAhead(head, self.batches, lambda: pool.mode is not Mode.WORKERS)
-        self.sampler_done = False
-        # has the sampler's iteration begun? With workers it begins here (``primed``); without,
-        # at the first batch, as torch's does, or when a state is asked for first (``begin``)
-        self.begun = primed > 0 or iterable or self.slices is not None or skip > 0 or bool(self.ahead)
+        self.order = EpochOrder(loader, skip, done, replayed, gather=pool.spec.gather, first_seq=pool.seq,
+                                made_here=lambda: pool.mode is not Mode.WORKERS)
         self.first_seq = pool.seq
         self.base_seed = pool.base_seed  # a shared main-process pool takes a new one each epoch
         pool.epoch_start = pool.seq
@@ -176,91 +131,8 @@ class Run(Generic[T]):
         RNG out of the epoch (torch's RandomSampler without a generator), and the resumed
         epoch was the one before, or later epochs differed. The draw now comes when the
         state is asked for, as it does at iter() with workers."""
-        if self.begun or self.pool.seq != self.first_seq:
-            return
-        self.begun = True
-        head = list(itertools.islice(self.batches, 1))
-        self.batches = itertools.chain(head, self.batches)
-
-    def _replayed_batches(self, skip: int, replayed: dict[str, Any] | None) -> tuple[Iterator[Any], int]:
-        """The batches of a sampler without state_dict (``position.replays``), and the
-        position of the first: the RNG states its iteration begins with are noted, and each
-        batch drawn extends a digest (``replay``). A resumed epoch (``replayed``) draws its
-        first ``skip`` batches and one more under the saved RNG states, checks them, and
-        goes on from position ``skip``."""
-        sampler = self.loader._index_sampler
-        self.digests = array.array("I")  # the digest after each position from ``digest_base`` on
-        if replayed is None:
-            self.rngs = replay.Mark(sampler, self.loader._rng_use or replay.GLOBALS)
-            self.digest_base, self.digest_at_base = 0, 0
-            return self._digesting(iter(sampler)), 0
-        self.rngs = replayed["rngs"]
-        got = n = 0
-        with replay.Replaying(self.rngs, sampler):
-            raw = iter(sampler)
-            for b in itertools.islice(raw, skip):
-                got = replay.digest(got, b)
-                n += 1
-            # the first batch after them is drawn here too: a sampler may draw its order from
-            # a global RNG at its first batch (torch's RandomSampler does)
-            head = list(itertools.islice(raw, 1))
-        problem = replay.check(sampler, replayed.get("digest"), got, n, skip)
-        if problem:
-            warnings.warn(problem, UserWarning, stacklevel=4)
-        self.digest_base, self.digest_at_base = n, got
-        return self._digesting(itertools.chain(head, raw)), n
-
-    def _run_out_sampler(self) -> None:
-        """A new epoch begins and this one has handed out every batch without reaching the
-        end of its sampler (a trainer that counts len(loader) batches never asks for the
-        StopIteration): take the sampler to its end now. torch's RandomSampler (and the
-        loader's own in torch mode) draws one more permutation when its iterator runs out,
-        and a resumed epoch, which looks ahead from where it starts, may run it out where
-        the saved one did not: ending every such epoch alike keeps the next epochs' draws
-        the same in both (as torch's loader with workers, which looks ahead too, does)."""
-        if self.sampler_done or self.loader._device_stage is not None or not position.handed_all(self.loader, self.prefix):
-            return
-        try:
-            extra = next(self.batches)
-        except StopIteration:
-            self.sampler_done = True
-            return
-        self.batches = itertools.chain([extra], self.batches)  # its length was wrong: keep it
-
-    def _digesting(self, batches: Iterator[Any]) -> Iterator[Any]:
-        learn = isinstance(self.rngs, replay.Mark) and self.loader._rng_use is None
-        return digested(batches, self.digests, self.digest_at_base,
-                         (weakref.ref(self.loader), self.rngs) if learn else None)
-
-    def _replayed_where(self) -> dict[str, Any]:
-        """How a resumed epoch replays this run's sampler up to the position handed out (the
-        RNG states are written as JSON when a state is asked for: position.position)."""
-        k = self.prefix - self.digest_base
-        d = self.digest_at_base if k <= 0 else self.digests[k - 1]
-        return {"rngs": self.rngs, "batches": self.prefix, "digest": d}
-
-    @staticmethod
-    def _leave_out(batches: Iterator[Any], skip: int, done: frozenset[int], positions: list[int],
-                   start: int = 0) -> Iterator[Any]:
-        """The batches from ``skip`` on but those at ``done``, noting each one's position
-        (the first of ``batches`` is at ``start``)."""
-        for p, b in enumerate(batches, start):
-            if p >= skip and p not in done:
-                positions.append(p)
-                yield b
-
-    def _handed(self, seq: int) -> None:
-        """The batch of ``seq`` reached the user, or was skipped whole: advance the position."""
-        k = seq - self.first_seq
-        pos = self.positions[k] if self.positions is not None else self.prefix_base + k
-        if pos != self.prefix:
-            self.ahead.add(pos)
-            return
-        self.prefix += 1
-        ahead = self.ahead
-        while self.prefix in ahead:
-            ahead.discard(self.prefix)
-            self.prefix += 1
+        if self.pool.seq == self.first_seq:  # no batch asked for yet
+            self.order.begin()
 
     # -- torch's iterator's private names, which tools and tests read ----------
     @property
@@ -331,7 +203,7 @@ class Run(Generic[T]):
             # least bookkeeping
             batch, size = ready.popleft()
             self.yielded += 1
-            self.prefix += 1
+            self.order.prefix += 1
             self.bulk_seq += 1
             self.stats.handed_now(size)
             return batch  # type: ignore[no-any-return]
@@ -369,12 +241,12 @@ class Run(Generic[T]):
         if self.replicas_done:
             self.replicas_done[max(self.out_worker, 0)] += 1
         else:
-            self._handed(self.out_seq)
+            self.order.handed(self.out_seq)
         self.yielded += 1
-        ahead = self.batches
+        ahead = self.order.batches
         if type(ahead) is ReadAhead and self.pool.mode == Mode.WORKERS:
             # torch's loader reads one more batch of indices for each it hands out
-            ahead.top_up(self.primed + self.yielded - self.skipped)
+            ahead.top_up(self.order.primed + self.yielded - self.skipped)
         if self.len_said is not None and self.yielded > self.len_said:
             self._warn_len()
         self.stats.handed(asked, time.perf_counter(), size, len(self.reorder))
@@ -398,13 +270,13 @@ class Run(Generic[T]):
 
     def _next(self) -> tuple[Any, int]:
         pool = self.pool
-        if self.ready or (self.slices is not None and pool.bulk_ok()):
+        if self.ready or (self.order.slices is not None and pool.bulk_ok()):
             return self._bulk()
         if not self.inflight and not len(self.reorder):
             while pool.probe.serve_here():
                 if pool.mode == Mode.INLINE and pool.quick:
                     return self._quick()
-                indices = next(self.batches)  # StopIteration ends the epoch
+                indices = next(self.order.batches)  # StopIteration ends the epoch
                 task = Task(pool.seq, self.epoch, task_indices(indices) if self.loader._auto_collation else [indices])
                 pool.seq += 1
                 self.reorder.next = pool.seq
@@ -459,7 +331,7 @@ class Run(Generic[T]):
             if self.finished or pool.dead:
                 raise StopIteration  # close() from another thread ended this epoch
             self._fill()
-            if not self.inflight and self.sampler_done and not len(self.reorder):
+            if not self.inflight and self.order.sampler_done and not len(self.reorder):
                 raise StopIteration
             timeout = _TICK
             if self.loader.timeout > 0:
@@ -519,7 +391,7 @@ class Run(Generic[T]):
     def _quick(self) -> tuple[Any, int]:
         """A batch made in the main process, without the task envelope (the common, cheap case)."""
         pool = self.pool
-        indices = next(self.batches)  # StopIteration ends the epoch
+        indices = next(self.order.batches)  # StopIteration ends the epoch
         self.out_seq = pool.seq
         pool.seq += 1
         self.reorder.next = pool.seq
@@ -554,8 +426,8 @@ class Run(Generic[T]):
         """Take the lean path from the next batch on if it would do all there is to do."""
         pool = self.pool
         self.lean = (pool.mode == Mode.INLINE and pool.quick and not self.dropping and not self.replicas_done
-                     and self.len_said is None and self.positions is None and not self.ahead
-                     and not self.ready and self.slices is None and not self.inflight
+                     and self.len_said is None and self.order.positions is None and not self.order.ahead
+                     and not self.ready and self.order.slices is None and not self.inflight
                      and not len(self.reorder) and not (pool.tuner is not None and pool.probe.tuning()))
         self._quick_fetch = fetcher.quick if self.lean else None
 
@@ -572,7 +444,7 @@ class Run(Generic[T]):
             raise StopIteration
         asked = time.perf_counter()
         try:
-            indices = next(self.batches)
+            indices = next(self.order.batches)
         except StopIteration:
             self._finish()
             raise
@@ -585,7 +457,7 @@ class Run(Generic[T]):
         batch, n, start, end = self._quick_batch(fetch, indices)
         if pool.mode != Mode.INLINE:
             self.lean = False  # batches got costly: the workers make the next ones
-        self.prefix += 1  # in order, none left out: the position is the count
+        self.order.prefix += 1  # in order, none left out: the position is the count
         self.yielded += 1
         self.stats.made_here(start, end, asked, time.perf_counter(), n)
         return batch
@@ -593,7 +465,7 @@ class Run(Generic[T]):
     def _bulk(self) -> tuple[Any, int]:
         """In-memory arrays made in the main process: one gather for many batches, then views."""
         if not self.ready:
-            slices = self.slices
+            slices = self.order.slices
             assert slices is not None
             if slices.per_chunk == 0:
                 slices.per_chunk = bulk_batches(self.loader.dataset, slices.size)
@@ -655,7 +527,7 @@ class Run(Generic[T]):
                     and (original is None or isinstance(original, Exception))):
                 self.budget.count([r.failure], samples=len(r.failure.indices or []) or 1)
                 if not self.replicas_done:
-                    self._handed(r.seq)  # skipped whole: its position is done with
+                    self.order.handed(r.seq)  # skipped whole: its position is done with
                 return None
             raise rebuild(r.failure)
         n = samples_in(self.loader, r)
@@ -672,7 +544,7 @@ class Run(Generic[T]):
             self.budget.seen += n
         if r.empty:
             if not self.replicas_done:
-                self._handed(r.seq)
+                self.order.handed(r.seq)
             return None
         batch = r.batch if r.worker < 0 else self.ex.decode(r)
         if self.to_numpy:
@@ -685,7 +557,7 @@ class Run(Generic[T]):
     def _fill(self, hold: int | None = None) -> None:
         """Hand out tasks up to each worker's prefetch; ``hold``: a worker to give none to now."""
         ex = self.ex
-        if self.sampler_done:
+        if self.order.sampler_done:
             return
         n = ex.num_workers
         cap = 1 if ex.kind == "inline" else self.pool.depth()
@@ -693,7 +565,7 @@ class Run(Generic[T]):
             if self.inflight or len(self.reorder):
                 return
             if self.loader._iterable and not self.active[0]:
-                self.sampler_done = True
+                self.order.sampler_done = True
                 return
             self._send(0, 1)
             return
@@ -732,7 +604,7 @@ class Run(Generic[T]):
                         break
             else:
                 if not live:
-                    self.sampler_done = True
+                    self.order.sampler_done = True
                 break  # (in_order=False) every live worker holds its share
             if held[w] >= cap or w == hold:
                 break  # the turn stays with w: order must follow the rotation
@@ -758,9 +630,9 @@ class Run(Generic[T]):
     def _next_task(self, worker: int) -> Task | None:
         """The next task (recorded as held by ``worker``), or None when the sampler is done."""
         try:
-            indices = next(self.batches)
+            indices = next(self.order.batches)
         except StopIteration:
-            self.sampler_done = True
+            self.order.sampler_done = True
             return None
         if indices is not None and not self.loader._auto_collation:
             indices = [indices]
@@ -781,7 +653,7 @@ class Run(Generic[T]):
             tasks.append(task)
         if tasks:
             self.ex.submit(worker, tasks)
-        return not self.sampler_done
+        return not self.order.sampler_done
 
     # -- faults -------------------------------------------------------------
     def _on_death(self, death: Death) -> None:
@@ -822,15 +694,15 @@ class Run(Generic[T]):
         """This run's position, for the loader's state_dict (``take_in``: results waiting in
         the pipes may be taken in, see ``_stream_over``; never from a finalizer)."""
         where: dict[str, Any] = {
-            "epoch": self.epoch, "batches": self.yielded if self.replicas_done else self.prefix,
+            "epoch": self.epoch, "batches": self.yielded if self.replicas_done else self.order.prefix,
             "finished": self.finished and self.exhausted or self._stream_over(take_in), "base_seed": self.base_seed,
             "generator": self.generator_state}
-        if self.ahead:
-            where["done"] = sorted(self.ahead)  # handed out of order, beyond ``batches``
+        if self.order.ahead:
+            where["done"] = sorted(self.order.ahead)  # handed out of order, beyond ``batches``
         if self.replicas_done:
             where["replicas"] = list(self.replicas_done)  # batches each replica of the stream handed out
-        if self.rngs is not None:
-            where["replayed"] = self._replayed_where()
+        if self.order.rngs is not None:
+            where["replayed"] = self.order.replayed_where()
         return where
 
     def _stream_over(self, take_in: bool) -> bool:

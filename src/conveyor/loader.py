@@ -365,7 +365,7 @@ class DataLoader(Generic[T]):
         if self._own_sampler and self.seed is not None and hasattr(self.sampler, "set_epoch"):
             self.sampler.set_epoch(epoch)
         for old in list(self._runs):
-            old._run_out_sampler()
+            old.order.run_out()
         # torch's iterator that starts workers draws a DataPipe seed once more once they are
         # started (its own copy's, unused by them): drawn here too, so the generator (or the
         # global RNG) goes on as torch's does and the next epoch's order is torch's too

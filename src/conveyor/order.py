@@ -11,7 +11,9 @@ from __future__ import annotations
 import array
 import collections
 import itertools
-from collections.abc import Callable, Iterator
+import warnings
+import weakref
+from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -22,7 +24,7 @@ from .samplers import BatchSampler
 if TYPE_CHECKING:
     from .loader import DataLoader
 
-__all__ = ["Repeat", "ReadAhead", "Slices", "torch_split", "bulk_batches", "digested", "is_stateless",
+__all__ = ["EpochOrder", "Repeat", "ReadAhead", "Slices", "torch_split", "bulk_batches", "digested", "is_stateless",
            "reads_ahead_freely", "sized", "fresh_batches", "own_indices", "task_indices"]
 
 
@@ -238,3 +240,155 @@ def task_indices(indices: Any) -> Any:
         return indices
     return list(indices)
 
+
+class EpochOrder:
+    """An epoch's batches of indices, read as the loader reads them, and its position: the
+    batch numbers handed out (or skipped whole), all below ``prefix`` and the few in ``ahead``
+    beyond it (batches handed out of order, or left out of a resumed epoch because an
+    out-of-order run had handed them out). A sampler without ``state_dict`` is read under
+    noted RNG states, each batch extending a digest (``replay``), so that a resumed epoch can
+    draw its batches again and check them."""
+
+    def __init__(self, loader: DataLoader[Any], skip: int, done: Iterable[int], replayed: dict[str, Any] | None,
+                 *, gather: bool, first_seq: int, made_here: Callable[[], bool]) -> None:
+        self.loader = loader
+        iterable = loader._iterable
+        self.first_seq = first_seq
+        self.ahead: set[int] = set() if iterable else {p for p in done if p > skip}
+        self.prefix = skip
+        self.positions: list[int] | None = None  # position of each batch of this run, when some are left out
+        self.prefix_base = skip  # position of this run's first batch (map-style, none left out)
+        self.slices = Slices.of(loader, skip) if gather and not self.ahead else None
+        self.rngs: replay.Mark | dict[str, Any] | None = None  # a sampler without state_dict: _replayed_batches
+        # torch's iterator with workers takes its first prefetch_factor * num_workers batches of
+        # indices when it is made (drawing the order then, and from a shared generator before
+        # the next iterator's seed); without workers it waits for the first next(). Seed-mode
+        # samplers take their epoch when iterated, so a second live iterator cannot change it.
+        primed = 0
+        if not iterable and loader.num_workers > 0:
+            primed = loader.num_workers * (loader.prefetch_factor or 2)
+        self.primed = primed
+        if self.slices is not None:
+            self.batches: Iterator[Any] = self.slices
+            self.slices.begin(primed > 0)
+        else:
+            from . import position  # (it reads this module's helpers)
+
+            start = 0  # position of the sampler's next batch
+            if position.replays(loader):
+                self.batches, start = self._replayed_batches(skip, replayed)
+            else:
+                self.batches = iter(loader._index_sampler)  # a stream's: placeholders, never skipped
+            if not iterable and loader._auto_collation and not fresh_batches(loader._index_sampler):
+                # a batch sampler may yield one list refilled in place: each batch is copied as it
+                # is drawn, or batches read ahead (and tasks not yet sent) change under the loader
+                self.batches = map(own_indices, self.batches)
+            if self.ahead:
+                self.positions = []
+                # a copy: ``ahead`` loses each position as the prefix passes it, and the
+                # sampler is read lazily (without workers, up to the batch being made)
+                self.batches = self._leave_out(self.batches, skip, frozenset(self.ahead), self.positions, start)
+            elif skip > start and not iterable:
+                self.batches = itertools.islice(self.batches, skip - start, None)
+            if primed:
+                head = list(itertools.islice(self.batches, primed))
+                self.batches = ReadAhead(head, self.batches, made_here)
+        self.sampler_done = False
+        # has the sampler's iteration begun? With workers it begins here (``primed``); without,
+        # at the first batch, as torch's does, or when a state is asked for first (``begin``)
+        self.begun = primed > 0 or iterable or self.slices is not None or skip > 0 or bool(self.ahead)
+
+    def begin(self) -> None:
+        """Begin the sampler's iteration now (see ``Run.begin``)."""
+        if self.begun:
+            return
+        self.begun = True
+        head = list(itertools.islice(self.batches, 1))
+        self.batches = itertools.chain(head, self.batches)
+
+    def _replayed_batches(self, skip: int, replayed: dict[str, Any] | None) -> tuple[Iterator[Any], int]:
+        """The batches of a sampler without state_dict (``position.replays``), and the
+        position of the first: the RNG states its iteration begins with are noted, and each
+        batch drawn extends a digest (``replay``). A resumed epoch (``replayed``) draws its
+        first ``skip`` batches and one more under the saved RNG states, checks them, and
+        goes on from position ``skip``."""
+        sampler = self.loader._index_sampler
+        self.digests = array.array("I")  # the digest after each position from ``digest_base`` on
+        if replayed is None:
+            self.rngs = replay.Mark(sampler, self.loader._rng_use or replay.GLOBALS)
+            self.digest_base, self.digest_at_base = 0, 0
+            return self._digesting(iter(sampler)), 0
+        self.rngs = replayed["rngs"]
+        got = n = 0
+        with replay.Replaying(self.rngs, sampler):
+            raw = iter(sampler)
+            for b in itertools.islice(raw, skip):
+                got = replay.digest(got, b)
+                n += 1
+            # the first batch after them is drawn here too: a sampler may draw its order from
+            # a global RNG at its first batch (torch's RandomSampler does)
+            head = list(itertools.islice(raw, 1))
+        problem = replay.check(sampler, replayed.get("digest"), got, n, skip)
+        if problem:
+            warnings.warn(problem, UserWarning, stacklevel=5)
+        self.digest_base, self.digest_at_base = n, got
+        return self._digesting(itertools.chain(head, raw)), n
+
+
+    def run_out(self) -> None:
+        """A new epoch begins and this one has handed out every batch without reaching the
+        end of its sampler (a trainer that counts len(loader) batches never asks for the
+        StopIteration): take the sampler to its end now. torch's RandomSampler (and the
+        loader's own in torch mode) draws one more permutation when its iterator runs out,
+        and a resumed epoch, which looks ahead from where it starts, may run it out where
+        the saved one did not: ending every such epoch alike keeps the next epochs' draws
+        the same in both (as torch's loader with workers, which looks ahead too, does)."""
+        from . import position
+
+        if self.sampler_done or self.loader._device_stage is not None or not position.handed_all(self.loader, self.prefix):
+            return
+        try:
+            extra = next(self.batches)
+        except StopIteration:
+            self.sampler_done = True
+            return
+        self.batches = itertools.chain([extra], self.batches)  # its length was wrong: keep it
+
+
+    def _digesting(self, batches: Iterator[Any]) -> Iterator[Any]:
+        learn = isinstance(self.rngs, replay.Mark) and self.loader._rng_use is None
+        return digested(batches, self.digests, self.digest_at_base,
+                         (weakref.ref(self.loader), self.rngs) if learn else None)
+
+
+    def replayed_where(self) -> dict[str, Any]:
+        """How a resumed epoch replays this run's sampler up to the position handed out (the
+        RNG states are written as JSON when a state is asked for: position.position)."""
+        k = self.prefix - self.digest_base
+        d = self.digest_at_base if k <= 0 else self.digests[k - 1]
+        return {"rngs": self.rngs, "batches": self.prefix, "digest": d}
+
+
+    @staticmethod
+    def _leave_out(batches: Iterator[Any], skip: int, done: frozenset[int], positions: list[int],
+                   start: int = 0) -> Iterator[Any]:
+        """The batches from ``skip`` on but those at ``done``, noting each one's position
+        (the first of ``batches`` is at ``start``)."""
+        for p, b in enumerate(batches, start):
+            if p >= skip and p not in done:
+                positions.append(p)
+                yield b
+
+
+    def handed(self, seq: int) -> None:
+        """The batch of ``seq`` reached the user, or was skipped whole: advance the position."""
+        k = seq - self.first_seq
+        pos = self.positions[k] if self.positions is not None else self.prefix_base + k
+        if pos != self.prefix:
+            self.ahead.add(pos)
+            return
+        self.prefix += 1
+        ahead = self.ahead
+        while self.prefix in ahead:
+            ahead.discard(self.prefix)
+            self.prefix += 1
