@@ -489,7 +489,8 @@ def markdown(report: dict[str, Any]) -> str:
            f"quick={report['quick']}; each run in a fresh {report['fresh']}, loaders alternated per repeat"
            + ("; glibc kept from trimming freed memory (--steady-malloc)" if report.get("steady_malloc") else ""),
            "- speed-up = torch's median time / the loader's median time (higher is better), "
-           "torch2 = DataLoader(num_workers=2, persistent_workers=True), torch0 = num_workers=0", ""]
+           "torch2 = DataLoader(num_workers=2, persistent_workers=True), torch0 = num_workers=0 (torch1, torch4: "
+           "1 and 4 workers)", ""]
     if report["unavailable"]:
         out += [f"- {k}: {note}" for k, note in report["unavailable"].items()] + [""]
     out += ["## Summary", "", "| scenario | conveyor loader | vs torch2 | vs torch0 | vs best of grain/spdl | "
@@ -547,7 +548,7 @@ def markdown(report: dict[str, Any]) -> str:
 
 
 def selection(suite: str | None, scenario: list[str] | None,
-           loader: list[str] | None) -> tuple[list[str], list[str] | None]:
+              loader: list[str] | None) -> tuple[list[str], list[str] | None]:
     """The scenarios to run and the loaders to keep in each (None: the scenario's own list):
     a suite's selection, narrowed by ``--scenario`` and ``--loader``."""
     import scenarios
