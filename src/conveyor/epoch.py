@@ -28,7 +28,7 @@ from .executors.reorder import Reorder
 from .executors.task import Death, Result, Task
 from .executors.fetcher import Fetcher
 from .executors.seeding import rng_lock
-from .order import EpochOrder, ReadAhead, bulk_batches, task_indices, torch_split
+from .order import EpochOrder, StreamReplicas, ReadAhead, bulk_batches, task_indices, torch_split
 from .placement import rules
 from .placement.rules import Mode
 from .stats import INLINE
@@ -71,19 +71,8 @@ class Run(Generic[T]):
         self.out_seq = -1  # seq of the batch being handed out
         self.out_worker = -1  # and of the replica it came from (streams)
         self.bulk_seq = 0  # seq of the next batch in ``ready``
-        # A stream cannot seek: its position is how many batches each replica had handed out,
-        # and a resumed epoch makes those again and drops them (exact when each replica's
-        # stream is deterministic; replicas are handed out in order, whatever ``in_order``).
-        self.replicas_done = [0] * max(1, loader.num_workers) if iterable else []
-        self.drop_counts: list[int] = []  # batches to drop, per replica
-        self.drop_any = 0  # or from any replica: another worker count shards the stream otherwise
-        if iterable and skip:
-            counts = list(replicas or ())
-            if len(counts) == len(self.replicas_done):
-                self.drop_counts = counts
-            else:
-                self.drop_any = skip
-        self.dropping = self.drop_any + sum(self.drop_counts)  # batches still to drop
+        # a stream's position (map-style ones: ``order``)
+        self.replicas = StreamReplicas(loader.num_workers, skip, replicas) if iterable else None
         self.ready: collections.deque[Any] = collections.deque()  # batches of one bulk gather
         self.order = EpochOrder(loader, skip, done, replayed, gather=pool.spec.gather, first_seq=pool.seq,
                                 made_here=lambda: pool.mode is not Mode.WORKERS)
@@ -215,17 +204,9 @@ class Run(Generic[T]):
         asked = time.perf_counter()
         try:
             batch, size = self._next()
-            while self.dropping:  # a resumed stream's batches the user had received (see ``drop_counts``)
-                w = max(self.out_worker, 0)
-                if self.drop_counts:
-                    if not self.drop_counts[w]:
-                        break
-                    self.drop_counts[w] -= 1
-                else:
-                    self.drop_any -= 1
-                self.replicas_done[w] += 1
-                self.dropping -= 1
-                batch, size = self._next()
+            streams = self.replicas
+            while streams is not None and streams.dropping and streams.drop(max(self.out_worker, 0)):
+                batch, size = self._next()  # (a resumed stream's batch the user had received)
         except StopIteration:
             self._finish()
             raise
@@ -238,8 +219,8 @@ class Run(Generic[T]):
                 self._finish()
                 raise StopIteration from None
             raise
-        if self.replicas_done:
-            self.replicas_done[max(self.out_worker, 0)] += 1
+        if self.replicas is not None:
+            self.replicas.done[max(self.out_worker, 0)] += 1
         else:
             self.order.handed(self.out_seq)
         self.yielded += 1
@@ -425,7 +406,7 @@ class Run(Generic[T]):
     def _go_lean(self, fetcher: Fetcher) -> None:
         """Take the lean path from the next batch on if it would do all there is to do."""
         pool = self.pool
-        self.lean = (pool.mode == Mode.INLINE and pool.quick and not self.dropping and not self.replicas_done
+        self.lean = (pool.mode == Mode.INLINE and pool.quick and self.replicas is None
                      and self.len_said is None and self.order.positions is None and not self.order.ahead
                      and not self.ready and self.order.slices is None and not self.inflight
                      and not len(self.reorder) and not (pool.tuner is not None and pool.probe.tuning()))
@@ -526,7 +507,7 @@ class Run(Generic[T]):
             if (loader.on_error == "skip" and r.failure.where == "fetching"
                     and (original is None or isinstance(original, Exception))):
                 self.budget.count([r.failure], samples=len(r.failure.indices or []) or 1)
-                if not self.replicas_done:
+                if self.replicas is None:
                     self.order.handed(r.seq)  # skipped whole: its position is done with
                 return None
             raise rebuild(r.failure)
@@ -543,7 +524,7 @@ class Run(Generic[T]):
         else:
             self.budget.seen += n
         if r.empty:
-            if not self.replicas_done:
+            if self.replicas is None:
                 self.order.handed(r.seq)
             return None
         batch = r.batch if r.worker < 0 else self.ex.decode(r)
@@ -663,7 +644,7 @@ class Run(Generic[T]):
         # a stream's replica that has handed out nothing this epoch (a worker that died in an
         # epoch the user broke off, say) starts over in a new worker: nothing is lost
         w = death.worker
-        fresh = (bool(self.replicas_done) and w < len(self.replicas_done) and self.replicas_done[w] == 0
+        fresh = (self.replicas is not None and w < len(self.replicas.done) and self.replicas.done[w] == 0
                  and not any(r.worker == w for r in self.reorder.buffer.values()))
         if not self.recovery.should_restart(death, fresh=fresh):
             err = self.recovery.error()
@@ -694,13 +675,13 @@ class Run(Generic[T]):
         """This run's position, for the loader's state_dict (``take_in``: results waiting in
         the pipes may be taken in, see ``_stream_over``; never from a finalizer)."""
         where: dict[str, Any] = {
-            "epoch": self.epoch, "batches": self.yielded if self.replicas_done else self.order.prefix,
+            "epoch": self.epoch, "batches": self.yielded if self.replicas is not None else self.order.prefix,
             "finished": self.finished and self.exhausted or self._stream_over(take_in), "base_seed": self.base_seed,
             "generator": self.generator_state}
         if self.order.ahead:
             where["done"] = sorted(self.order.ahead)  # handed out of order, beyond ``batches``
-        if self.replicas_done:
-            where["replicas"] = list(self.replicas_done)  # batches each replica of the stream handed out
+        if self.replicas is not None:
+            where["replicas"] = list(self.replicas.done)  # batches each replica of the stream handed out
         if self.order.rngs is not None:
             where["replayed"] = self.order.replayed_where()
         return where
@@ -708,7 +689,7 @@ class Run(Generic[T]):
     def _stream_over(self, take_in: bool) -> bool:
         """A stream's every worker has said it is exhausted and every batch was handed out:
         the epoch is over, though the iterator has not raised its StopIteration yet."""
-        if not self.replicas_done or self.finished or self.dropping:
+        if self.replicas is None or self.finished or self.replicas.dropping:
             return False
         if (take_in and any(self.active) and self.inflight and self.loader._device_stage is None
                 and self.ex.kind != "inline" and threading.get_ident() == self.thread):

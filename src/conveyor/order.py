@@ -24,7 +24,7 @@ from .samplers import BatchSampler
 if TYPE_CHECKING:
     from .loader import DataLoader
 
-__all__ = ["EpochOrder", "Repeat", "ReadAhead", "Slices", "torch_split", "bulk_batches", "digested", "is_stateless",
+__all__ = ["EpochOrder", "StreamReplicas", "Repeat", "ReadAhead", "Slices", "torch_split", "bulk_batches", "digested", "is_stateless",
            "reads_ahead_freely", "sized", "fresh_batches", "own_indices", "task_indices"]
 
 
@@ -392,3 +392,38 @@ class EpochOrder:
         while self.prefix in ahead:
             ahead.discard(self.prefix)
             self.prefix += 1
+
+
+class StreamReplicas:
+    """A stream's position: the batches each replica (a worker's copy of the stream) handed
+    out. A stream cannot seek: a resumed epoch makes those batches again and drops them,
+    exact where each replica's stream is deterministic (replicas are handed out in order,
+    whatever ``in_order``). Saved from another worker count, the stream shards otherwise:
+    the batches to drop are counted from any replica."""
+
+    __slots__ = ("done", "drop_counts", "drop_any", "dropping")
+
+    def __init__(self, workers: int, skip: int, saved: Iterable[int] | None) -> None:
+        self.done = [0] * max(1, workers)
+        self.drop_counts: list[int] = []  # batches to drop, per replica
+        self.drop_any = 0  # or from any replica
+        if skip:
+            counts = list(saved or ())
+            if len(counts) == len(self.done):
+                self.drop_counts = counts
+            else:
+                self.drop_any = skip
+        self.dropping = self.drop_any + sum(self.drop_counts)  # batches still to drop
+
+    def drop(self, w: int) -> bool:
+        """Drop the batch replica ``w`` just made if the user had received it before the
+        resume (it counts as handed out); False when it is to be handed out."""
+        if self.drop_counts:
+            if not self.drop_counts[w]:
+                return False
+            self.drop_counts[w] -= 1
+        else:
+            self.drop_any -= 1
+        self.done[w] += 1
+        self.dropping -= 1
+        return True
