@@ -314,7 +314,7 @@ def report(snap: dict[str, Any], cores: int | None = None) -> str:
         # spent waiting; the training loop takes (almost) no time")
         parts.append(_one_batch_epochs(snap, mean, nw))
     elif not_started and wf >= HIDDEN:
-        # adaptive kept the batches here (``Pool._start_outweighs``): more workers is no advice
+        # adaptive kept the batches here (``Probe._start_outweighs``): more workers is no advice
         parts.append(f"the main process makes the batches ({_pct(wf)} of the time is spent waiting): "
                      f"{not_started}; persistent_workers=True would start them once, for every epoch")
     elif nw == 0 and wf >= HIDDEN and 0 < mean < HANDOFF:

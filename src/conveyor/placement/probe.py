@@ -118,13 +118,13 @@ class Probe:
             # the probe that would tell whether the dataset draws from the global RNGs does
             # not run again: with workers, the workers make every batch, as torch's would
             self.pool.mode = Mode.WORKERS if self.pool.num_workers else Mode.INLINE
-            # ... without workers, batches that grow costly take them up again (``Pool.note``)
+            # ... without workers, batches that grow costly take them up again (``Probe.note``)
             self.adaptive = not self.pool.num_workers
             cost = self.findings.batch_s
             if self.pool.num_workers and not self.pool.timed and cost is not None and self._start_outweighs(cost):
                 # the workers would cost more than they save: the main process makes the
                 # batches, as it did while they started, and takes them up again if they
-                # grow costly (``Pool.note``)
+                # grow costly (``Probe.note``)
                 self.pool.num_workers = tuner.workers_run = 0
                 self.pool.mode = Mode.INLINE
                 self.adaptive = True
@@ -493,7 +493,7 @@ class Probe:
                 self._jump_start(result, cost)
             elif (self.pool.inline_batches % 16 == 0 and len(costs) >= 16 and not copying and self._reopenable()
                   and self._costly(costs, result.batch)):
-                self._reopen()  # as Pool.note does for batches made by the quick path
+                self._reopen()  # as Probe.note does for batches made by the quick path
             elif self.pool.mode == Mode.PROBE and (copying or rules.probed_enough(costs)):
                 typical = rules.typical(costs)
                 if copying or not self.worth_workers(typical, result.batch):

@@ -252,7 +252,7 @@ def estimate(costs: list[float]) -> float:
     bookkeeping), and the two mistakes do not cost alike: workers started for batches that
     were cheaper here stay (diabetes on a slow host, probing batches of 0.5-1.6 ms and later
     ones of 0.4: twice as slow), while batches kept here are timed again by the quick path
-    (``Pool.note``, every 16) and go to the workers if they are costly after all."""
+    (``Probe.note``, every 16) and go to the workers if they are costly after all."""
     return min(costs) if len(costs) <= 4 else typical(costs)
 
 
