@@ -527,45 +527,8 @@ class DataLoader(Generic[T]):
             snap["fetch_threads"] = pool.threads
             snap["prefetch_factor"] = pool.prefetch if pool.num_workers else None
             snap["keeps_files"] = pool.probe._keeps_files
-            cost = pool.probe.findings.batch_s
-            if not pool.launched and pool.mode == Mode.INLINE and pool.probe._start_outweighs(cost):
-                assert cost is not None
-                snap["workers_not_started"] = rules.start_words(pool.probe.findings, cost, pool.probe.epoch_batches or 0)
-            if pool.tuner is not None:
-                # what "auto" chose for the settings it tunes; a setting the user fixed is
-                # reported as it is (the tuner's decision may name another it may not apply)
-                tuning = pool.tuner.decision().to_dict()
-                for name in ("num_workers", "fetch_threads", "prefetch_factor"):
-                    if not (self._auto or {}).get(name):
-                        # the user's own setting, not what runs now: ``adaptive`` may keep the
-                        # user's workers back while batches are cheap (it read num_workers=0
-                        # beside prefetch_factor=2, which the constructor refuses)
-                        tuning[name] = getattr(self, name)
-                if pool.launched and (self._auto or {}).get("fetch_threads"):
-                    # the threads that run: the tuner's wish goes through ThreadSteer, which
-                    # damps cuts and undoes those that cost throughput
-                    wish = tuning["fetch_threads"]
-                    tuning["fetch_threads"] = snap["fetch_threads"]
-                    if wish != snap["fetch_threads"] and tuning.get("reason"):
-                        # the reason argues for the wish: say why another count runs (it read
-                        # "32 threads a worker keep its core busy" beside fetch_threads=64)
-                        tuning["reason"] += (f"; {snap['fetch_threads']} threads run, not {wish}: a cut goes "
-                                             "at most halfway at a time and is undone if it costs throughput")
-                if not tuning["num_workers"]:
-                    tuning["prefetch_factor"] = None  # (what the constructor takes without workers)
-                running = snap["num_workers"]
-                if (pool.launched and pool.mode == Mode.WORKERS and (self._auto or {}).get("num_workers")
-                        and tuning["num_workers"] < running):
-                    # workers are not stopped mid-run: those that run are what to pin (the
-                    # tuner's smaller count, pinned, ran 1.81 s where what ran took 1.28 s)
-                    wish, tuning["num_workers"] = tuning["num_workers"], running
-                    if tuning.get("reason") and not pool.tuner.measuring:
-                        # the reason argues for the wish (it read "memory allows 1" beside 2)
-                        tuning["reason"] += (f"; {running} workers run, not {wish}: workers that started "
-                                             "are kept to the end of the run")
-                # the settings alone, to pass back as they are: DataLoader(ds, **tuning["kwargs"])
-                tuning["kwargs"] = {name: tuning[name] for name in ("num_workers", "fetch_threads", "prefetch_factor")}
-                snap["tuning"] = tuning
+            pool.probe.describe(snap, self._auto, {name: getattr(self, name) for name in
+                                                   ("num_workers", "fetch_threads", "prefetch_factor")})
         return snap
 
     def _warn_if_workers_lose(self) -> None:

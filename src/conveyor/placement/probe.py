@@ -591,3 +591,47 @@ class Probe:
         prefetch = (d.prefetch_factor or 2) if auto.get("prefetch_factor") else self.pool.prefetch
         self.pool.apply(workers, threads, prefetch)
         tuner.threads_run = self.pool.threads
+
+    def describe(self, snap: dict[str, Any], auto: dict[str, bool] | None, settings: dict[str, Any]) -> None:
+        """Add to a stats snapshot why the workers were not started, where that is why
+        (``workers_not_started``), and what "auto" chose for the settings in ``auto``
+        (``tuning``: the rest are the user's ``settings``, reported as they are)."""
+        cost = self.findings.batch_s
+        if not self.pool.launched and self.pool.mode == Mode.INLINE and self._start_outweighs(cost):
+            assert cost is not None
+            snap["workers_not_started"] = rules.start_words(self.findings, cost, self.epoch_batches or 0)
+        if self.pool.tuner is not None:
+            # what "auto" chose for the settings it tunes; a setting the user fixed is
+            # reported as it is (the tuner's decision may name another it may not apply)
+            tuning = self.pool.tuner.decision().to_dict()
+            for name in ("num_workers", "fetch_threads", "prefetch_factor"):
+                if not (auto or {}).get(name):
+                    # the user's own setting, not what runs now: ``adaptive`` may keep the
+                    # user's workers back while batches are cheap (it read num_workers=0
+                    # beside prefetch_factor=2, which the constructor refuses)
+                    tuning[name] = settings[name]
+            if self.pool.launched and (auto or {}).get("fetch_threads"):
+                # the threads that run: the tuner's wish goes through ThreadSteer, which
+                # damps cuts and undoes those that cost throughput
+                wish = tuning["fetch_threads"]
+                tuning["fetch_threads"] = snap["fetch_threads"]
+                if wish != snap["fetch_threads"] and tuning.get("reason"):
+                    # the reason argues for the wish: say why another count runs (it read
+                    # "32 threads a worker keep its core busy" beside fetch_threads=64)
+                    tuning["reason"] += (f"; {snap['fetch_threads']} threads run, not {wish}: a cut goes "
+                                         "at most halfway at a time and is undone if it costs throughput")
+            if not tuning["num_workers"]:
+                tuning["prefetch_factor"] = None  # (what the constructor takes without workers)
+            running = snap["num_workers"]
+            if (self.pool.launched and self.pool.mode == Mode.WORKERS and (auto or {}).get("num_workers")
+                    and tuning["num_workers"] < running):
+                # workers are not stopped mid-run: those that run are what to pin (the
+                # tuner's smaller count, pinned, ran 1.81 s where what ran took 1.28 s)
+                wish, tuning["num_workers"] = tuning["num_workers"], running
+                if tuning.get("reason") and not self.pool.tuner.measuring:
+                    # the reason argues for the wish (it read "memory allows 1" beside 2)
+                    tuning["reason"] += (f"; {running} workers run, not {wish}: workers that started "
+                                         "are kept to the end of the run")
+            # the settings alone, to pass back as they are: DataLoader(ds, **tuning["kwargs"])
+            tuning["kwargs"] = {name: tuning[name] for name in ("num_workers", "fetch_threads", "prefetch_factor")}
+            snap["tuning"] = tuning
