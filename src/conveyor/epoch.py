@@ -22,6 +22,7 @@ import numpy as np
 from . import _torch, failures
 from .errors import TooManyFailures, capture, rebuild
 from .executors.processes import ProcessExecutor
+from .torch_names import TorchIteratorNames
 from ._platform.signals import hold_ctrl_c
 from .executors.recovery import Recovery
 from .executors.reorder import Reorder
@@ -46,7 +47,7 @@ T = TypeVar("T")
 _TICK = 1.0  # seconds between liveness checks while waiting
 
 
-class Run(Generic[T]):
+class Run(TorchIteratorNames, Generic[T]):
     """One pass over the data: what ``iter(loader)`` returns."""
 
     def __init__(self, loader: DataLoader[T], pool: Pool, epoch: int, skip: int, *, owns_pool: bool,
@@ -122,59 +123,6 @@ class Run(Generic[T]):
         state is asked for, as it does at iter() with workers."""
         if self.pool.seq == self.first_seq:  # no batch asked for yet
             self.order.begin()
-
-    # -- torch's iterator's private names, which tools and tests read ----------
-    @property
-    def _workers(self) -> list[Any]:
-        """The worker processes (``multiprocessing.Process``) serving this epoch; none
-        before they start, or with thread workers or none."""
-        ex = self.pool._holder[0] if self.pool._holder else None
-        if not isinstance(ex, ProcessExecutor):
-            return []
-        return [wk.proc for wk in ex.workers if wk is not None]
-
-    @property
-    def _num_workers(self) -> int:
-        return self.loader.num_workers
-
-    @property
-    def _num_yielded(self) -> int:
-        return self.yielded
-
-    @property
-    def _shutdown(self) -> bool:
-        return bool(self.pool.dead)
-
-    def _shutdown_workers(self) -> None:
-        self.close()
-
-    @property
-    def _dataset(self) -> Any:
-        return self.loader.dataset
-
-    @property
-    def _index_sampler(self) -> Any:
-        return self.loader._index_sampler
-
-    @property
-    def _dataset_kind(self) -> int:
-        return self.loader._dataset_kind
-
-    @property
-    def _auto_collation(self) -> bool:
-        return self.loader._auto_collation
-
-    @property
-    def _IterableDataset_len_called(self) -> int | None:  # noqa: N802 - torch's name
-        return self.len_said
-
-    @property
-    def _persistent_workers(self) -> bool:
-        return bool(self.loader.persistent_workers)
-
-    @property
-    def _base_seed(self) -> int:
-        return self.base_seed
 
     # -- iterator protocol --------------------------------------------------
     def __iter__(self) -> Run[T]:
