@@ -59,9 +59,12 @@ LOADERS = ("torch0", "conveyor2", "floor2")
 # conveyor2 with one thing changed: its workers left at nice 0 (conveyor lowers them to 5 after
 # their first batch, CONVEYOR_WORKER_NICE), or seed=0 (every sample's RNGs seeded from (seed,
 # epoch, index); the loader's own seeded shuffle may be read ahead, so tiny batches may travel
-# in groups where the first batches are fast enough)
+# in groups where the first batches are fast enough), or any sampler taken as one that may be
+# read ahead (loader._reads_ahead_freely: what tiny batches' groups would bring to an unseeded
+# shuffle; a measurement only, torch's order is not kept under it if an epoch is left early)
 VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {"conveyor2_nice0": ("conveyor2", {}),
-                                                   "conveyor2_seed0": ("conveyor2", {"seed": 0})}
+                                                   "conveyor2_seed0": ("conveyor2", {"seed": 0}),
+                                                   "conveyor2_groups": ("conveyor2", {})}
 SCENARIOS = ("images_uint8", "diabetes")
 
 # step codes, shared with loaders.Floor's probe
@@ -235,6 +238,12 @@ def child(scenario_name: str, loader_name: str, quick: bool, src: str | None,
         if variant.endswith("_nice0"):
             from conveyor.executors import worker
             worker.WORKER_NICE = 0  # (read by each worker after its first batch)
+        if variant.endswith("_groups"):
+            import conveyor.loader as conveyor_loader
+            if hasattr(conveyor_loader, "_reads_ahead_freely"):
+                conveyor_loader._reads_ahead_freely = lambda loader: True
+            else:
+                missing.append("loader._reads_ahead_freely")
     elif loader_name == "floor2":
         # (a staticmethod: the class's attribute, read through the instance; inherited by its forks)
         loaders.Floor.probe = staticmethod(lambda step, w, t0, t1: rec.add(step, w, t0, t1))

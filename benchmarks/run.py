@@ -50,7 +50,7 @@ PEERS = ("grain2", "spdl2")
 # torch's loader with each worker count a user would try: "auto" is read against the best
 TORCH_ROWS = ("torch0", "torch1", "torch2", "torch4")
 # named selections of the suite: (scenarios, None for every scenario that runs conveyor_auto;
-# loaders). "workers": issue 39's worker-path rows (conveyor2 against torch and the
+# loaders). "workers": the worker-path rows (conveyor2 against torch and the
 # featureless floor, auto against the best torch) on the four worker scenarios; "auto":
 # "auto" against torch's four worker counts on every scenario that runs it
 SUITES: dict[str, tuple[tuple[str, ...] | None, tuple[str, ...]]] = {
@@ -567,7 +567,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="every scenario once, small sizes, few loaders")
     p.add_argument("--suite", choices=sorted(SUITES), help="a named selection of scenarios and loaders "
-                   "(workers: issue 39's worker-path rows; auto: auto against torch0/1/2/4 everywhere); "
+                   "(workers: the worker-path rows; auto: auto against torch0/1/2/4 everywhere); "
                    "--scenario and --loader narrow it further")
     p.add_argument("--scenario", action="append", help="run only these scenarios (repeatable)")
     p.add_argument("--loader", action="append", help="run only these loaders (repeatable)")
