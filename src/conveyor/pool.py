@@ -150,7 +150,7 @@ class Pool:
                     me = weakref.ref(self)
                     mark = self.fd_mark
                     # a loader's first workers may collect loaders dropped before in reference cycles
-                    # (a full collection); its later epochs' pools need not (see processes._freeze)
+                    # (a full collection); its later epochs' pools need not (see _platform.gc_freeze)
                     first, self.forked[:] = not self.forked, [True]
                     ex = ProcessExecutor(lambda: getattr(me(), "spec", None), self.num_workers, self.context,
                                          pinner=self.pinner,

@@ -11,7 +11,6 @@ loader raises :class:`WorkerDied` naming every death.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 from ..errors import WorkerDied
 from .task import Death

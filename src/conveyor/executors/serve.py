@@ -12,7 +12,6 @@ import math
 import os
 import select
 import signal
-import sys
 import time
 from collections.abc import Callable
 from typing import Any
