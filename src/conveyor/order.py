@@ -193,12 +193,17 @@ def is_stateless(sampler: Any) -> bool:
 def reads_ahead_freely(loader: DataLoader[Any]) -> bool:
     """May the sampler be read further ahead than torch's loader reads it (grouped tasks)?
 
-    Only where its draws do not depend on how far it was read: a sequential order, or the
-    loader's own sampler under ``seed=`` (a function of seed and epoch). A shuffle drawn from
-    a generator or torch's global RNG draws its next permutation when it runs out, so an epoch
-    left a few batches before its end would move later epochs' orders away from torch's
-    (docs/determinism.md)."""
-    if loader._own_sampler and loader.seed is not None:
+    Only where its draws do not depend on how far it was read: a sequential order, the
+    loader's own sampler under ``seed=`` (a function of seed and epoch), or its own shuffle
+    without a generator: that draws one seed from the global RNG at its first read, as
+    torch's RandomSampler does, and everything after from a generator of its own. A shuffle
+    drawn from the user's generator draws its next permutation from it when it runs out, so
+    an epoch left a few batches before its end would move later epochs' orders away from
+    torch's (docs/determinism.md, docs/decisions/worker-path-profile.md)."""
+    if loader._own_sampler and loader.generator is None:
+        # (a seed the loader takes from a generator is no seed mode: its shuffle draws from
+        # the generator, and grouped tasks read it to its end early: the next epoch's order
+        # and the workers' seeds differed from torch's after an epoch left 4-7 batches early)
         return True
     return is_stateless(loader._index_sampler)
 

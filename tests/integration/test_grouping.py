@@ -60,6 +60,44 @@ def test_tiny_batches_travel_in_groups_and_match_the_main_process(grouped: list[
     assert singles + in_groups == 3 * len(epochs[0]), "every batch arrives exactly once"
 
 
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("generator", [False, True])
+def test_a_shuffle_without_a_generator_groups_and_keeps_torchs_orders(grouped: list[int], generator: bool) -> None:
+    # shuffle=True with no generator draws one seed from torch's global RNG at its first
+    # read and the rest from a generator of its own: reading it ahead (groups) changes
+    # nothing anyone sees, also with an epoch left early. With the user's generator the
+    # sampler draws its next permutation from it when read to its end: no groups then (the
+    # seed a loader takes from a generator let them form, and an epoch left 7 batches early
+    # ran the generator's sampler out: the next epochs' orders differed from torch's).
+    ds = Squares(96)
+
+    def epochs(make: Any) -> list[list[Any]]:
+        torch.manual_seed(11)
+        gen = torch.Generator().manual_seed(5) if generator else None
+        loader = make(ds, batch_size=2, shuffle=True, generator=gen, num_workers=2, persistent_workers=True)
+        got = []
+        for e in range(3):
+            batches = []
+            for k, b in enumerate(loader):
+                batches.append(key(b))
+                if e == 0 and k == 40:  # an epoch left 7 batches before its end
+                    break
+            got.append(batches)
+        got.append([torch.randint(0, 10**9, ()).item()])  # the global RNG goes on as torch's
+        if hasattr(loader, "close"):
+            loader.close()
+        return got
+
+    got = epochs(lambda *a, **k: conveyor.DataLoader(*a, **k, **WORKERS))
+    want = epochs(tud.DataLoader)
+    assert got == want
+    singles, groups, _ = grouped
+    if generator:
+        assert groups == 0, "a shuffle from the user's generator is read no further than torch reads it"
+    else:
+        assert groups > 0, f"no group of results came back ({singles} single results)"
+
+
 @pytest.mark.timeout(60)
 def test_large_batches_keep_groups_of_one(grouped: list[int]) -> None:
     with conveyor.DataLoader(Images(96), batch_size=16, **PROCESS) as loader:
