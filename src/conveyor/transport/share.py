@@ -522,11 +522,13 @@ def _wait_whole(fd: int, ready: int) -> None:
     import select
 
     parent = os.getppid()
+    poller = select.poll()  # (not select(): a descriptor past 1023 is out of its range)
+    poller.register(ready, select.POLLIN | select.POLLHUP)
     try:
         while not _whole(fd):
             # the seal is the word; the pipe only wakes us (a child the main process forked
             # meanwhile may hold its write end open: then the seal is seen within a second)
-            woke = select.select([ready], [], [], 1.0)[0]
+            woke = poller.poll(1000)
             if _whole(fd):
                 return
             if woke or os.getppid() != parent:
