@@ -26,6 +26,10 @@ Who holds a segment:
   segment held by the pool of workers (``Registry``), once for all its workers, and dropped
   with it: the user's array stays theirs, and a later pool copies it afresh (it may change).
 
+The copy into a segment is written through its descriptor by a thread of its own while the
+workers start (``_Move``): a worker receives the segment at once and maps it only once the
+copy has sealed it whole; a container reads its own arrays until then.
+
 Workers map with MAP_PRIVATE: they read the shared pages, and a write (a dataset that edits
 its arrays in place) stays private to the worker, as it does in a forked one.
 """
@@ -232,7 +236,6 @@ class _Move:
         self.error: BaseException | None = None
         self.fd = -1
         self.start = 0
-        self.seconds = 0.0
 
     def close(self) -> None:
         for fd in (self.ready, self.write_end):
@@ -272,7 +275,6 @@ def _move_soon(pairs: list[tuple[np.ndarray, np.ndarray, str, _Move]], then: Any
     def run() -> None:
         try:
             for a, out, order, move in pairs:
-                t0 = time.perf_counter()
                 try:
                     _write(move.fd, a, order)
                 except BaseException as exc:  # noqa: BLE001 - reaches the user through failure()
@@ -287,8 +289,6 @@ def _move_soon(pairs: list[tuple[np.ndarray, np.ndarray, str, _Move]], then: Any
                         _failed.append(exc.with_traceback(None))
                     del exc
                     return
-                finally:
-                    move.seconds = time.perf_counter() - t0
                 move.finish(None)
             if then is not None:
                 then()
@@ -522,11 +522,13 @@ def _wait_whole(fd: int, ready: int) -> None:
     import select
 
     parent = os.getppid()
+    poller = select.poll()  # (not select(): a descriptor past 1023 is out of its range)
+    poller.register(ready, select.POLLIN | select.POLLHUP)
     try:
         while not _whole(fd):
             # the seal is the word; the pipe only wakes us (a child the main process forked
             # meanwhile may hold its write end open: then the seal is seen within a second)
-            woke = select.select([ready], [], [], 1.0)[0]
+            woke = poller.poll(1000)
             if _whole(fd):
                 return
             if woke or os.getppid() != parent:
