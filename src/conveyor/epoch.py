@@ -17,22 +17,17 @@ import warnings
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-import numpy as np
-
-from . import _torch, failures
-from .errors import TooManyFailures, capture, rebuild
-from .executors.processes import ProcessExecutor
+from . import _torch, failures, here
+from .errors import TooManyFailures, rebuild
 from .torch_names import TorchIteratorNames
 from ._platform.signals import hold_ctrl_c
 from .executors.recovery import Recovery
 from .executors.reorder import Reorder
 from .executors.task import Death, Result, Task
-from .executors.fetcher import Fetcher
 from .executors.seeding import rng_lock
-from .order import EpochOrder, StreamReplicas, ReadAhead, bulk_batches, task_indices, torch_split
+from .order import EpochOrder, ReadAhead, StreamReplicas, task_indices
 from .placement import rules
 from .placement.rules import Mode
-from .stats import INLINE
 from .transport import to_numpy
 
 if TYPE_CHECKING:
@@ -133,7 +128,7 @@ class Run(TorchIteratorNames, Generic[T]):
 
     def __next__(self) -> T:
         if self.lean:
-            return self._lean()  # type: ignore[no-any-return]
+            return here.lean_next(self)  # type: ignore[no-any-return]
         ready = self.ready
         if ready and self.pin is None:
             # batches already gathered in bulk (map-style, in order): hand one out with the
@@ -200,11 +195,11 @@ class Run(TorchIteratorNames, Generic[T]):
     def _next(self) -> tuple[Any, int]:
         pool = self.pool
         if self.ready or (self.order.slices is not None and pool.bulk_ok()):
-            return self._bulk()
+            return here.bulk(self)
         if not self.inflight and not len(self.reorder):
             while pool.probe.serve_here():
                 if pool.mode == Mode.INLINE and pool.quick:
-                    return self._quick()
+                    return here.quick(self)
                 indices = next(self.order.batches)  # StopIteration ends the epoch
                 task = Task(pool.seq, self.epoch, task_indices(indices) if self.loader._auto_collation else [indices])
                 pool.seq += 1
@@ -286,7 +281,7 @@ class Run(TorchIteratorNames, Generic[T]):
             events = ex.take_ready(ready)
             deaths = self._take_in(events)
         for death in deaths:  # (replacing a worker waits for it: not held; an unhandled death is seen again)
-            self._on_death(death)
+            failures.replace_dead(self, death)
         self._fill()
         return bool(events)
 
@@ -295,7 +290,7 @@ class Run(TorchIteratorNames, Generic[T]):
         often arrive together, and a worker must not wait for the consumer to run dry
         before it hears of its next batch."""
         for death in self._take_in(events):
-            self._on_death(death)
+            failures.replace_dead(self, death)
         self._fill()
 
     def _take_in(self, events: list[Any]) -> list[Death]:
@@ -316,116 +311,6 @@ class Run(TorchIteratorNames, Generic[T]):
                     pool.probe.findings.start_s = time.perf_counter() - pool.launched_at
                 self.reorder.push(ev)
         return deaths
-
-    def _quick(self) -> tuple[Any, int]:
-        """A batch made in the main process, without the task envelope (the common, cheap case)."""
-        pool = self.pool
-        indices = next(self.order.batches)  # StopIteration ends the epoch
-        self.out_seq = pool.seq
-        pool.seq += 1
-        self.reorder.next = pool.seq
-        fetcher = pool.local_fetcher()
-        batch, n, start, end = self._quick_batch(fetcher.quick, indices)
-        self.stats.result(INLINE, start, 0.0, end)
-        if not self.lean:
-            self._go_lean(fetcher)
-        return batch, n
-
-    def _quick_batch(self, fetch: Callable[[Any], Any], indices: Any) -> tuple[Any, int, float, float]:
-        """Make the batch of ``indices`` here with ``fetch`` (a fetcher's quick path): timed,
-        noted, converted and pinned as the loader hands it out. The batch, its size and when
-        it was started and made (for the stats, which the caller feeds)."""
-        start = time.perf_counter()
-        try:
-            batch = fetch(indices)
-        except Exception as exc:
-            # the same shape as a worker's failure: original type, traceback chained, a note
-            raise rebuild(capture(exc, None, indices, keep=True))  # noqa: B904 - the exception itself, noted
-        end = time.perf_counter()
-        self.pool.probe.note(end - start, batch)
-        n = len(indices)
-        self.budget.seen += n
-        if self.to_numpy:
-            batch = to_numpy(batch)
-        if self.pin is not None:
-            batch = self.pin(batch)
-        return batch, n, start, end
-
-    def _go_lean(self, fetcher: Fetcher) -> None:
-        """Take the lean path from the next batch on if it would do all there is to do."""
-        pool = self.pool
-        self.lean = (pool.mode == Mode.INLINE and pool.quick and self.replicas is None
-                     and self.len_said is None and self.order.positions is None and not self.order.ahead
-                     and not self.ready and self.order.slices is None and not self.inflight
-                     and not len(self.reorder) and not (pool.tuner is not None and pool.probe.tuning()))
-        self._quick_fetch = fetcher.quick if self.lean else None
-
-    def _lean(self) -> Any:
-        """``__next__`` for batches the main process makes by the quick path, with nothing
-        in flight, nothing to skip or drop and no tuner to feed. The general path's checks
-        cost a few microseconds a batch, in this loop and in the training step after it
-        (whose memory they push out of the caches): on diabetes_train, a ~280 us step, they
-        were part of a 2-3% gap to torch's loader without workers (next() 106-108 -> 103-106
-        us a batch here). The stats take five numbers a batch and catch up when read
-        (``Stats.made_here``): 15 alternated fresh runs, conveyor0 against torch0 went from
-        1.6% to 0.9% slower over 10 epochs."""
-        if self.finished:
-            raise StopIteration
-        asked = time.perf_counter()
-        try:
-            indices = next(self.order.batches)
-        except StopIteration:
-            self._finish()
-            raise
-        pool = self.pool
-        seq = pool.seq
-        self.out_seq = seq
-        pool.seq = self.reorder.next = seq + 1
-        fetch = self._quick_fetch
-        assert fetch is not None
-        batch, n, start, end = self._quick_batch(fetch, indices)
-        if pool.mode != Mode.INLINE:
-            self.lean = False  # batches got costly: the workers make the next ones
-        self.order.prefix += 1  # in order, none left out: the position is the count
-        self.yielded += 1
-        self.stats.made_here(start, end, asked, time.perf_counter(), n)
-        return batch
-
-    def _bulk(self) -> tuple[Any, int]:
-        """In-memory arrays made in the main process: one gather for many batches, then views."""
-        if not self.ready:
-            slices = self.order.slices
-            assert slices is not None
-            if slices.per_chunk == 0:
-                slices.per_chunk = bulk_batches(self.loader.dataset, slices.size)
-            indices = slices.chunk(slices.per_chunk)
-            if indices is None:
-                raise StopIteration
-            start = time.perf_counter()
-            cols = self.loader.dataset.gather(indices, output=self.loader.output)
-            size = slices.size
-            if self.loader.output == "torch":
-                split = torch_split()
-                parts = [split(c, size) for c in cols]
-            else:
-                cuts = list(range(size, len(indices), size))
-                parts = [np.split(c, cuts) for c in cols]
-            count = len(parts[0])
-            sizes = [size] * count
-            sizes[-1] = len(indices) - size * (count - 1)
-            self.ready.extend(zip(map(list, zip(*parts)), sizes))
-            # one event for the gather, counting its batches (main-process batches, as any)
-            self.stats.result(-1, start, 0.0, time.perf_counter(), batches=count)
-            self.pool.inline_batches += count
-            self.bulk_seq = self.pool.seq
-            self.pool.seq += count
-            self.reorder.next = self.pool.seq
-        self.out_seq = self.bulk_seq
-        self.bulk_seq += 1
-        if self.pin is not None:
-            batch, n = self.ready.popleft()
-            return self.pin(batch), n
-        return self.ready.popleft()
 
     def _take(self, r: Result) -> tuple[Any, int] | None:
         """The user's batch from a result, or None when there is nothing to hand out."""
@@ -583,40 +468,6 @@ class Run(TorchIteratorNames, Generic[T]):
         if tasks:
             self.ex.submit(worker, tasks)
         return not self.order.sampler_done
-
-    # -- faults -------------------------------------------------------------
-    def _on_death(self, death: Death) -> None:
-        if self.finished or self.pool.dead:
-            raise StopIteration  # workers stopped by close() (from another thread): no restart
-        self.stats.deaths.append(death.describe())
-        # a stream's replica that has handed out nothing this epoch (a worker that died in an
-        # epoch the user broke off, say) starts over in a new worker: nothing is lost
-        w = death.worker
-        fresh = (self.replicas is not None and w < len(self.replicas.done) and self.replicas.done[w] == 0
-                 and not any(r.worker == w for r in self.reorder.buffer.values()))
-        if not self.recovery.should_restart(death, fresh=fresh):
-            err = self.recovery.error()
-            self.close()
-            raise err
-        self.stats.restarts += 1
-        # a replacement that does not start is waited for as a batch is: timeout, when set
-        wait = self.loader.timeout or 60.0
-        if isinstance(self.ex, ProcessExecutor):
-            # replacements killed before they start are replaced within the same budget
-            budget = self.recovery.max_restarts
-            tasks = self.ex.restart(death.worker, wait, tries=1 + budget - len(self.recovery.deaths),
-                                    spent=f"max_worker_restarts={budget} allows no more")
-            for early in self.ex.take_start_deaths():
-                self.recovery.deaths.append(early)
-                self.stats.deaths.append(early.describe())
-                self.stats.restarts += 1
-        else:
-            tasks = self.ex.restart(death.worker, wait)
-        tasks = [t for t in tasks if t.seq in self.inflight]
-        if tasks:
-            for t in tasks:
-                self.inflight[t.seq] = (death.worker, t)
-            self.ex.submit(death.worker, tasks)
 
     # -- endings ------------------------------------------------------------
     def where(self, take_in: bool = False) -> dict[str, Any]:

@@ -1,7 +1,8 @@
 """What goes wrong in an epoch, counted and explained.
 
 ``SkipBudget`` counts the samples seen and skipped under ``on_error="skip"`` against
-``max_failures``; the functions below say where a batch that timed out is (which worker,
+``max_failures``; ``replace_dead`` replaces a dead worker and re-issues its tasks within
+``max_worker_restarts``; the functions below say where a batch that timed out is (which worker,
 which indices, its stack, a worker still starting or busy with an earlier epoch's batch) and
 kill a hung worker under ``restart_hung=True``.
 """
@@ -12,12 +13,13 @@ import math
 from typing import TYPE_CHECKING, Any
 
 from .errors import Failure, TooManyFailures, rebuild
-from .executors.task import Task
+from .executors.processes import ProcessExecutor
+from .executors.task import Death, Task
 
 if TYPE_CHECKING:
     from .epoch import Run
 
-__all__ = ["SkipBudget", "restart_hung", "held_over", "awaited", "timeout_error", "indices_words"]
+__all__ = ["SkipBudget", "replace_dead", "restart_hung", "held_over", "awaited", "timeout_error", "indices_words"]
 
 
 class SkipBudget:
@@ -127,3 +129,39 @@ def indices_words(task: Task) -> str:
     """A task's samples in words, for messages: its indices, or a stream's next batch."""
     return "the next batch" if task.indices is None else f"indices {list(task.indices)}"
 
+
+# -- faults -------------------------------------------------------------
+def replace_dead(run: Run, death: Death) -> None:
+    """A worker died: replace it within ``max_worker_restarts`` and hand its unfinished tasks to
+    the replacement, or raise the death (``WorkerDied``) once the budget is spent."""
+    if run.finished or run.pool.dead:
+        raise StopIteration  # workers stopped by close() (from another thread): no restart
+    run.stats.deaths.append(death.describe())
+    # a stream's replica that has handed out nothing this epoch (a worker that died in an
+    # epoch the user broke off, say) starts over in a new worker: nothing is lost
+    w = death.worker
+    fresh = (run.replicas is not None and w < len(run.replicas.done) and run.replicas.done[w] == 0
+             and not any(r.worker == w for r in run.reorder.buffer.values()))
+    if not run.recovery.should_restart(death, fresh=fresh):
+        err = run.recovery.error()
+        run.close()
+        raise err
+    run.stats.restarts += 1
+    # a replacement that does not start is waited for as a batch is: timeout, when set
+    wait = run.loader.timeout or 60.0
+    if isinstance(run.ex, ProcessExecutor):
+        # replacements killed before they start are replaced within the same budget
+        budget = run.recovery.max_restarts
+        tasks = run.ex.restart(death.worker, wait, tries=1 + budget - len(run.recovery.deaths),
+                                spent=f"max_worker_restarts={budget} allows no more")
+        for early in run.ex.take_start_deaths():
+            run.recovery.deaths.append(early)
+            run.stats.deaths.append(early.describe())
+            run.stats.restarts += 1
+    else:
+        tasks = run.ex.restart(death.worker, wait)
+    tasks = [t for t in tasks if t.seq in run.inflight]
+    if tasks:
+        for t in tasks:
+            run.inflight[t.seq] = (death.worker, t)
+        run.ex.submit(death.worker, tasks)

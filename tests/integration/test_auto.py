@@ -15,6 +15,7 @@ import conveyor.placement.probe
 import conveyor.placement.rules
 import conveyor.pool
 import conveyor.epoch
+import conveyor.here
 import conveyor.placement.machine
 import conveyor.placement.tuner
 from conveyor import DataLoader
@@ -521,7 +522,7 @@ def _lean_and_general(monkeypatch: pytest.MonkeyPatch, **kw: object) -> list[tup
     out = []
     for lean in (True, False):
         if not lean:
-            monkeypatch.setattr(conveyor.epoch.Run, "_go_lean", lambda self, fetcher: None)
+            monkeypatch.setattr(conveyor.here, "go_lean", lambda run, fetcher: None)
         with DataLoader(Tiny(), batch_size=8, output="numpy", **kw) as loader:
             got, states = [], []
             for b in loader:
