@@ -291,7 +291,7 @@ def test_the_workers_suite_runs_torch_with_1_and_4_workers_and_prints_auto_again
     assert f"{auto['vs_torchbest']:.2f} (best {best} of torch0,1,4)" in summary
 
 
-def test_a_tree_comparison_calls_b_slower_only_when_both_estimates_exceed_the_tolerance() -> None:
+def test_a_tree_comparison_calls_b_slower_only_when_both_estimates_and_the_interval_say_so() -> None:
     compare_trees = _bench_module("compare_trees")
 
     def row(runs: list[float]) -> dict[str, Any]:
