@@ -289,6 +289,8 @@ def test_the_workers_suite_runs_torch_with_1_and_4_workers_and_prints_auto_again
     summary = (tmp_path / "workers.md").read_text().split("## diabetes")[0]
     assert "auto / best of torch0,1,2,4" in summary
     assert f"{auto['vs_torchbest']:.2f} (best {best} of torch0,1,4)" in summary
+    # the scenario's targets name conveyor2 and torch2, which this run left out: not listed
+    assert report["scenarios"]["diabetes"]["targets"] == [] and "conveyor2/torch" not in summary
 
 
 def test_a_tree_comparison_calls_b_slower_only_when_both_estimates_and_the_interval_say_so() -> None:
