@@ -24,7 +24,7 @@ one epoch, the batches after the first):
   context switches and minor page faults, per batch.
 
 The timers wrap private functions of conveyor (``Fetcher.run``, ``transport.encode``,
-``worker._deliver``, ``ProcessExecutor.wait_ready/take_ready/decode``); a step whose function
+``serve._deliver``, ``ProcessExecutor.wait_ready/take_ready/decode``); a step whose function
 is missing from the tree reads "-", the rest still run. Each timer adds ~1 us to its step.
 
     python benchmarks/profile_workers.py                          # images_uint8 and diabetes, 5 runs
@@ -60,7 +60,7 @@ LOADERS = ("torch0", "conveyor2", "floor2")
 # their first batch, CONVEYOR_WORKER_NICE), or seed=0 (every sample's RNGs seeded from (seed,
 # epoch, index); the loader's own seeded shuffle may be read ahead, so tiny batches may travel
 # in groups where the first batches are fast enough), or any sampler taken as one that may be
-# read ahead (loader._reads_ahead_freely: what tiny batches' groups would bring to an unseeded
+# read ahead (pool.reads_ahead_freely: what tiny batches' groups would bring to an unseeded
 # shuffle; a measurement only, torch's order is not kept under it if an epoch is left early)
 VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {"conveyor2_nice0": ("conveyor2", {}),
                                                    "conveyor2_seed0": ("conveyor2", {"seed": 0}),
@@ -102,7 +102,7 @@ class Recorder:
 def patch_conveyor(rec: Recorder) -> list[str]:
     """Wrap conveyor's worker-path functions with timers; returns the ones not found."""
     import conveyor.transport as transport
-    from conveyor.executors import processes, worker
+    from conveyor.executors import fetcher, processes, serve
 
     missing = []
     clock = time.perf_counter
@@ -160,9 +160,9 @@ def patch_conveyor(rec: Recorder) -> list[str]:
             return timed
         return make
 
-    wrap(worker.Fetcher, "run", run)
-    wrap(transport, "encode", encode)  # worker._serve imports it from the package when it starts
-    wrap(worker, "_deliver", deliver)
+    wrap(fetcher.Fetcher, "run", run)
+    wrap(transport, "encode", encode)  # serve._serve imports it from the package when it starts
+    wrap(serve, "_deliver", deliver)
     executor = getattr(processes, "ProcessExecutor", None)
     for name, step in (("wait_ready", WAIT), ("take_ready", TAKE), ("decode", DECODE)):
         wrap(executor, name, main_step(step))
@@ -236,14 +236,14 @@ def child(scenario_name: str, loader_name: str, quick: bool, src: str | None,
     if loader_name.startswith("conveyor"):
         missing = patch_conveyor(rec)
         if variant.endswith("_nice0"):
-            from conveyor.executors import worker
-            worker.WORKER_NICE = 0  # (read by each worker after its first batch)
+            from conveyor.executors import serve
+            serve.WORKER_NICE = 0  # (read by each worker after its first batch)
         if variant.endswith("_groups"):
-            import conveyor.loader as conveyor_loader
-            if hasattr(conveyor_loader, "_reads_ahead_freely"):
-                conveyor_loader._reads_ahead_freely = lambda loader: True
+            import conveyor.pool as conveyor_pool
+            if hasattr(conveyor_pool, "reads_ahead_freely"):
+                conveyor_pool.reads_ahead_freely = lambda loader: True
             else:
-                missing.append("loader._reads_ahead_freely")
+                missing.append("pool.reads_ahead_freely")
     elif loader_name == "floor2":
         # (a staticmethod: the class's attribute, read through the instance; inherited by its forks)
         loaders.Floor.probe = staticmethod(lambda step, w, t0, t1: rec.add(step, w, t0, t1))

@@ -30,7 +30,6 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset, TensorDataset, default_collate
 
-from conveyor.cli.diabetes import Diabetes, make_diabetes
 
 __all__ = ["SCENARIOS", "Scenario", "Setup", "Skip"]
 
@@ -142,14 +141,20 @@ def train_step() -> Callable[[Any], None]:
 
 
 def build_diabetes(family: str, quick: bool) -> Setup:
+    from conveyor.cli.diabetes import Diabetes  # (in the child: compare_trees' parent imports no conveyor)
+
     return Setup(Diabetes(tensors=True), batch_size=32, epochs=2 if quick else 10)
 
 
 def build_diabetes_train(family: str, quick: bool) -> Setup:
+    from conveyor.cli.diabetes import Diabetes
+
     return Setup(Diabetes(tensors=True), batch_size=32, epochs=2 if quick else 10, step=train_step())
 
 
 def build_diabetes_array(family: str, quick: bool) -> Setup:
+    from conveyor.cli.diabetes import make_diabetes
+
     x, y = make_diabetes()
     if family == "conveyor":
         try:
