@@ -97,6 +97,7 @@ def test_a_replacement_worker_maps_the_same_buffers(method: str, tmp_path: Path)
         it = iter(dl)
         first = next(it)
         pid = first["pid"][0].item()
+        assert share.settle(30)  # the copies into shared memory, made while the workers start, are whole
         spans = dict(share._spans)
         os.kill(pid, signal.SIGKILL)
         rest = list(it)
