@@ -110,7 +110,9 @@ def test_a_replacement_worker_maps_the_same_buffers(method: str, tmp_path: Path)
     for name in ds.containers:
         # the same segment (or file) as the first worker mapped, no new copy made for it
         assert rest[-1][f"{name}_at"][0] == first[f"{name}_at"][0], name
-    assert now == spans
+    # no new shared copy was made for the replacement (a mapping of the first start's may have
+    # been collected meanwhile: the copy a container read while it was made, for one)
+    assert set(now.items()) <= set(spans.items()), (now, spans)
     assert stats["dataset_pickles"] == 2 and stats["dataset_pickle_bytes"] < 256 << 10
 
 
