@@ -141,19 +141,19 @@ def train_step() -> Callable[[Any], None]:
 
 
 def build_diabetes(family: str, quick: bool) -> Setup:
-    from conveyor.cli.diabetes import Diabetes  # (in the child: compare_trees' parent imports no conveyor)
+    from conveyor.cli import Diabetes  # (in the child: compare_trees' parent imports no conveyor)
 
     return Setup(Diabetes(tensors=True), batch_size=32, epochs=2 if quick else 10)
 
 
 def build_diabetes_train(family: str, quick: bool) -> Setup:
-    from conveyor.cli.diabetes import Diabetes
+    from conveyor.cli import Diabetes
 
     return Setup(Diabetes(tensors=True), batch_size=32, epochs=2 if quick else 10, step=train_step())
 
 
 def build_diabetes_array(family: str, quick: bool) -> Setup:
-    from conveyor.cli.diabetes import make_diabetes
+    from conveyor.cli import make_diabetes
 
     x, y = make_diabetes()
     if family == "conveyor":
