@@ -442,10 +442,6 @@ class Probe:
         The tuner trims workers, threads and prefetch from what it then measures."""
         if self.no_core_left and busy >= rules.CROWDED_WAITS:
             return  # it computes: a worker would only take the training loop's core
-        if self._start_outweighs(self.findings.batch_s):
-            # an earlier epoch found these workers costlier than the batches they save (a tuner
-            # still measuring has this epoch probe again): a slow batch does not start them
-            return
         threads = self._threads_for(busy, self.pool.local_fetcher().alone_s)
         if threads != self.pool.threads:
             self.pool.local_fetcher().set_threads(threads)
