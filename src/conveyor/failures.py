@@ -125,12 +125,13 @@ def timeout_error(run: Run) -> RuntimeError:
     if stack:
         msg += f"; its Python stack right now:\n{stack}"
     return RuntimeError(msg)
+
+
 def indices_words(task: Task) -> str:
     """A task's samples in words, for messages: its indices, or a stream's next batch."""
     return "the next batch" if task.indices is None else f"indices {list(task.indices)}"
 
 
-# -- faults -------------------------------------------------------------
 def replace_dead(run: Run, death: Death) -> None:
     """A worker died: replace it within ``max_worker_restarts`` and hand its unfinished tasks to
     the replacement, or raise the death (``WorkerDied``) once the budget is spent."""
