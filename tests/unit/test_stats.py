@@ -5,9 +5,14 @@ from __future__ import annotations
 
 import json
 import time
+import types
+from collections.abc import Callable
 from pathlib import Path
+from unittest import mock
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as hs
 
 import conveyor
 import conveyor.placement.probe
@@ -494,6 +499,17 @@ def test_report_names_a_costly_collate() -> None:
     assert "make the collate_fn cheaper (it takes 90% of a batch's time)" in text, text
 
 
+def _close(a: object, b: object) -> bool:
+    """Equal, but for the last bits of sums (folded in at once, they add in another order)."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_close(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(_close(x, y) for x, y in zip(a, b))
+    if isinstance(a, float) and isinstance(b, float):
+        return a == pytest.approx(b, rel=1e-9, abs=1e-7)  # (a spread of ~0 s comes of a difference of sums)
+    return a == b
+
+
 def _same_but_elapsed(a: Stats, b: Stats) -> None:
     sa, sb = a.snapshot(), b.snapshot()
     for snap in (sa, sb):
@@ -501,8 +517,57 @@ def _same_but_elapsed(a: Stats, b: Stats) -> None:
             snap.pop(key)
         for w in snap["workers"].values():
             w.pop("busy_fraction")
-    assert sa == sb
+    assert _close(sa, sb), (sa, sb)
     assert list(a.trace) == list(b.trace)
+    assert a.trace.dropped == b.trace.dropped
+
+
+@settings(max_examples=60, deadline=None)
+@given(hs.lists(hs.sampled_from(["batch", "batch", "batch", "slow", "end", "pause", "read", "worker"]),
+                max_size=40),
+       hs.integers(min_value=1, max_value=60))
+def test_lean_batches_folded_in_at_once_are_what_batch_by_batch_records(plan: list[str], limit: int) -> None:
+    # every mark among the lean path's batches (an epoch's end, a new iter() after a pause, a
+    # read, a worker's batch) and a trace that fills up: the fold gives what result() and
+    # handed() give batch by batch
+    now, later = Stats(started=0.0, trace_limit=limit), Stats(started=0.0, trace_limit=limit)
+    clock = [0.0]
+
+    def tick(dt: float) -> float:
+        clock[0] += dt
+        return clock[0]
+
+    fake = types.SimpleNamespace(perf_counter=lambda: clock[0])  # run_start's gap, the same for both
+    with mock.patch.object(conveyor.stats, "time", fake):
+        _play(plan, now, later, tick)
+    _same_but_elapsed(now, later)
+
+
+def _play(plan: list[str], now: Stats, later: Stats, tick: Callable[[float], float]) -> None:
+    for i, what in enumerate(plan):
+        if what in ("batch", "slow"):
+            asked = tick(0.5)
+            start, end = tick(0.01), tick(0.1)
+            got = tick(0.2 if what == "slow" else 1e-6)
+            now.result(-1, start, 0.0, end)
+            now.handed(asked, got, 8 + i % 3, 0)
+            later.made_here(start, end, asked, got, 8 + i % 3)
+        elif what == "end":
+            at = tick(0.01)
+            now.epoch_end(at)
+            later.epoch_end(at)
+        elif what == "pause":
+            for s in (now, later):
+                s.pause()
+            tick(3.0)
+            for s in (now, later):
+                s.run_start()
+        elif what == "read":
+            later.snapshot()
+        else:
+            start = tick(0.01)
+            for s in (now, later):
+                s.result(0, start, start + 0.01, start + 0.02, cpu=0.01)
 
 
 def test_lean_batches_folded_in_later_count_as_if_fed_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
