@@ -38,7 +38,7 @@ class SkipBudget:
 
     def count(self, failures: list[Failure], samples: int, failed: int | None = None) -> None:
         """``samples`` more were seen, ``failed`` of them (all by default) failing with ``failures``."""
-        self.stats.skipped(failures)
+        self.stats.incidents.skipped(failures)
         self.failed += samples if failed is None else failed
         self.seen += samples
         if failures and self.first is None:
@@ -57,7 +57,7 @@ class SkipBudget:
             err = TooManyFailures(
                 f"{self.failed} of {seen} samples failed so far this epoch ({summary}), more than "
                 f"max_failures={limit!r} allows under on_error='skip'. The epoch's first failure is chained "
-                "below.", list(self.stats.failures))
+                "below.", list(self.stats.incidents.failures))
             try:
                 raise err from rebuild(first)
             finally:
@@ -137,7 +137,8 @@ def replace_dead(run: Run, death: Death) -> None:
     the replacement, or raise the death (``WorkerDied``) once the budget is spent."""
     if run.finished or run.pool.dead:
         raise StopIteration  # workers stopped by close() (from another thread): no restart
-    run.stats.deaths.append(death.describe())
+    incidents = run.stats.incidents
+    incidents.deaths.append(death.describe())
     # a stream's replica that has handed out nothing this epoch (a worker that died in an
     # epoch the user broke off, say) starts over in a new worker: nothing is lost
     w = death.worker
@@ -147,7 +148,7 @@ def replace_dead(run: Run, death: Death) -> None:
         err = run.recovery.error()
         run.close()
         raise err
-    run.stats.restarts += 1
+    incidents.restarts += 1
     # a replacement that does not start is waited for as a batch is: timeout, when set
     wait = run.loader.timeout or 60.0
     if isinstance(run.ex, ProcessExecutor):
@@ -157,8 +158,8 @@ def replace_dead(run: Run, death: Death) -> None:
                                 spent=f"max_worker_restarts={budget} allows no more")
         for early in run.ex.take_start_deaths():
             run.recovery.deaths.append(early)
-            run.stats.deaths.append(early.describe())
-            run.stats.restarts += 1
+            incidents.deaths.append(early.describe())
+            incidents.restarts += 1
     else:
         tasks = run.ex.restart(death.worker, wait)
     tasks = [t for t in tasks if t.seq in run.inflight]

@@ -155,7 +155,7 @@ class Pool:
                     ex = ProcessExecutor(lambda: getattr(me(), "spec", None), self.num_workers, self.context,
                                          pinner=self.pinner,
                                          private_files=lambda: inherit.opened_since(mark[0] if mark else None),
-                                         collect=first, shipped=self.probe.loop_stats.shipped)
+                                         collect=first, shipped=self.probe.loop_stats.shipping.shipped)
                 self._holder.append(ex)
                 self._closers.append(ex)
             if self.dead:  # close() from another thread while they started: nothing else closes them

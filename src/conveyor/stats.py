@@ -31,7 +31,7 @@ from .errors import Failure
 
 FAILURES_KEPT = 1000  # failure records stats() lists (failure_count counts every one)
 
-__all__ = ["Stats", "WorkerTimes", "trace_events", "write_trace"]
+__all__ = ["Incidents", "Shipping", "Stats", "WorkerTimes", "trace_events", "write_trace"]
 
 LOOP = -2  # the "worker" id of the training loop's events
 INLINE = -1  # the worker id of batches made in the main process
@@ -114,6 +114,51 @@ class WorkerTimes:
 
 
 @dataclass
+class Incidents:
+    """What went wrong over a loader's runs: samples skipped under ``on_error="skip"`` (their
+    records without the exception object, the first ``FAILURES_KEPT``: a loader skipping bad
+    samples for weeks must not keep each one; ``failure_count`` counts all) and worker deaths
+    (described; ``restarts``: how many were replaced)."""
+
+    failures: list[Failure] = field(default_factory=list)
+    failure_count: int = 0
+    deaths: list[str] = field(default_factory=list)
+    restarts: int = 0
+
+    def skipped(self, failures: tuple[Failure, ...] | list[Failure]) -> None:
+        self.failure_count += len(failures)
+        room = FAILURES_KEPT - len(self.failures)
+        if room > 0:
+            # the text tells what went wrong; the pickled or live exception (its locals, a
+            # 20 MB array it holds) is not kept
+            self.failures.extend(replace(f, payload=None, original=None) for f in failures[:room])
+
+
+@dataclass
+class Shipping:
+    """Spawned and forkserver workers receive the dataset pickled: the main process's time
+    pickling it for them, how many starts, the largest pickle, the most array bytes one start
+    passed by reference instead, and the time moving arrays into shared memory for that (once
+    an array: ``transport.share``)."""
+
+    pickle_s: float = 0.0
+    pickle_starts: int = 0
+    pickle_bytes: int = 0
+    shared_bytes: int = 0
+    moved_s: float = 0.0
+
+    def shipped(self, seconds: float, nbytes: int, shared: int, moved: float = 0.0) -> None:
+        """A start pickled its dataset (and the rest of its spec) in ``seconds``: ``nbytes``
+        pickled, ``shared`` bytes of arrays by reference, after ``moved`` seconds moving
+        arrays into shared memory."""
+        self.moved_s += moved
+        self.pickle_s += seconds
+        self.pickle_starts += 1
+        self.pickle_bytes = max(self.pickle_bytes, nbytes)
+        self.shared_bytes = max(self.shared_bytes, shared)
+
+
+@dataclass
 class Stats:
     """Running totals for one loader (all its epochs).
 
@@ -137,12 +182,7 @@ class Stats:
     # was there already, or is not needed): a one-time cost of the process, not the loader's
     torch_import_s: float | None = None
     workers: dict[int, WorkerTimes] = field(default_factory=dict)
-    # skipped failures, their records without the exception object (the first FAILURES_KEPT;
-    # a loader skipping bad samples for weeks must not keep each one): failure_count counts all
-    failures: list[Failure] = field(default_factory=list)
-    failure_count: int = 0
-    deaths: list[str] = field(default_factory=list)
-    restarts: int = 0
+    incidents: Incidents = field(default_factory=lambda: Incidents())  # skipped samples, worker deaths
     started: float = field(default_factory=time.perf_counter)
     began: bool = False  # ``begin`` was called: the first iter()
     last_handed: float | None = None
@@ -154,15 +194,7 @@ class Stats:
     queue_depth_sum: int = 0
     batch_bytes: int = 0  # sum of reported batch sizes in bytes
     sized_batches: int = 0  # batches that came with a byte size
-    # spawned and forkserver workers receive the dataset pickled: the main process's time
-    # pickling it for them, how many starts, the largest pickle, the most array bytes one
-    # start passed by reference instead, and the time moving arrays into shared memory for
-    # that (once an array: transport.share)
-    moved_s: float = 0.0
-    pickle_s: float = 0.0
-    pickle_starts: int = 0
-    pickle_bytes: int = 0
-    shared_bytes: int = 0
+    shipping: Shipping = field(default_factory=lambda: Shipping())  # datasets pickled for spawned workers
     # batches the main process made and handed out by the lean path, five doubles each
     # (start, end, asked, got, samples), not yet in the totals or the trace: see ``made_here``
     pending: array.array = field(init=False)
@@ -398,24 +430,6 @@ class Stats:
         self.last_handed = None
         self.epochs += 1
 
-    def shipped(self, seconds: float, nbytes: int, shared: int, moved: float = 0.0) -> None:
-        """A spawned or forkserver worker's start pickled its dataset (and the rest of its
-        spec) in ``seconds``: ``nbytes`` pickled, ``shared`` bytes of arrays by reference,
-        after ``moved`` seconds moving arrays into shared memory."""
-        self.moved_s += moved
-        self.pickle_s += seconds
-        self.pickle_starts += 1
-        self.pickle_bytes = max(self.pickle_bytes, nbytes)
-        self.shared_bytes = max(self.shared_bytes, shared)
-
-    def skipped(self, failures: tuple[Failure, ...] | list[Failure]) -> None:
-        self.failure_count += len(failures)
-        room = FAILURES_KEPT - len(self.failures)
-        if room > 0:
-            # the text tells what went wrong; the pickled or live exception (its locals, a
-            # 20 MB array it holds) is not kept
-            self.failures.extend(replace(f, payload=None, original=None) for f in failures[:room])
-
     def snapshot(self) -> dict[str, Any]:
         """Plain numbers (JSON-able): what ``loader.stats()`` returns, before the loader's settings."""
         self.flush()
@@ -466,16 +480,16 @@ class Stats:
             "failures": [
                 {"index": (f.indices[0] if isinstance(f.indices, list) and len(f.indices) == 1 else f.indices),
                  "worker": f.worker_id, "error": f.summary()}
-                for f in self.failures
+                for f in self.incidents.failures
             ],
-            "failure_count": self.failure_count,
-            "deaths": list(self.deaths),
-            "restarts": self.restarts,
-            "dataset_pickle_s": self.pickle_s,
-            "dataset_pickles": self.pickle_starts,
-            "dataset_pickle_bytes": self.pickle_bytes,
-            "dataset_shared_bytes": self.shared_bytes,
-            "dataset_moved_s": self.moved_s,
+            "failure_count": self.incidents.failure_count,
+            "deaths": list(self.incidents.deaths),
+            "restarts": self.incidents.restarts,
+            "dataset_pickle_s": self.shipping.pickle_s,
+            "dataset_pickles": self.shipping.pickle_starts,
+            "dataset_pickle_bytes": self.shipping.pickle_bytes,
+            "dataset_shared_bytes": self.shipping.shared_bytes,
+            "dataset_moved_s": self.shipping.moved_s,
         }
 
 

@@ -693,7 +693,7 @@ def test_skipped_failures_are_counted_without_keeping_their_exceptions(
         assert sum(len(b) for b in drain(loader)) == 150
     snap = loader.stats()
     assert snap["failure_count"] == 100 and len(snap["failures"]) == 30
-    assert all(f.payload is None and f.original is None for f in loader._stats.failures)
+    assert all(f.payload is None and f.original is None for f in loader._stats.incidents.failures)
     assert "100 sample(s) failed" in loader.report()
 
 
