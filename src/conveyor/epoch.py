@@ -2,7 +2,7 @@
 
 A ``Run`` reads the epoch's order (``order.py``), hands tasks to the pool's workers in
 strict round robin up to each one's prefetch (``_fill``), takes their results in as they
-come (``_poll``), puts them back in order (``Reorder``) and hands out batches; the main
+come (``poll``), puts them back in order (``Reorder``) and hands out batches; the main
 process makes batches itself where the pool says so (``Mode``). It keeps the epoch's
 position for ``state_dict()`` (``where``), replaces dead workers and re-issues their tasks,
 counts the samples skipped under ``on_error="skip"``, and says where a timed-out batch is.
@@ -10,14 +10,13 @@ counts the samples skipped under ``on_error="skip"``, and says where a timed-out
 
 from __future__ import annotations
 
-import collections
 import threading
 import time
 import warnings
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-from . import _torch, failures, here
+from . import _torch, failures, here, position
 from .errors import TooManyFailures, rebuild
 from .torch_names import TorchIteratorNames
 from ._platform.signals import hold_ctrl_c
@@ -42,6 +41,34 @@ T = TypeVar("T")
 _TICK = 1.0  # seconds between liveness checks while waiting
 
 
+class Origin:
+    """Where a run began: its first task's seq, the workers' base seed (a shared main-process
+    pool takes a new one each epoch), the loader's generator as it was (for a state), a
+    DataPipe's shuffle draw (``DataLoader.__iter__``), and what the run gives back if it is
+    dropped unused: the loader's (epoch counter, resume state, end position) before its iter()."""
+
+    __slots__ = ("first_seq", "base_seed", "generator_state", "pipe_seed", "undo")
+
+    def __init__(self, loader: DataLoader[Any], pool: Pool) -> None:
+        self.first_seq = pool.seq
+        self.base_seed = pool.base_seed
+        gen = loader.generator
+        self.generator_state = gen.get_state() if _torch.is_generator(gen) else None
+        self.pipe_seed: int | None = None
+        self.undo: tuple[int, dict[str, Any] | None, dict[str, Any] | None] | None = None
+
+
+class Rotation:
+    """The round robin over the workers, as torch's: whose turn is next (-1 until the epoch's
+    first dispatch) and which replicas of an iterable dataset have not run out."""
+
+    __slots__ = ("turn", "live")
+
+    def __init__(self, workers: int) -> None:
+        self.turn = -1
+        self.live = [True] * max(1, workers)
+
+
 class Run(TorchIteratorNames, Generic[T]):
     """One pass over the data: what ``iter(loader)`` returns."""
 
@@ -61,36 +88,24 @@ class Run(TorchIteratorNames, Generic[T]):
         # len(loader) was asked (as torch, it compares batches with the dataset's length)
         self.len_said = loader._len_called if loader._iterable else None
         self.stats = loader._stats
-        gen = loader.generator
-        self.generator_state = gen.get_state() if _torch.is_generator(gen) else None
+        self.origin = Origin(loader, pool)
         iterable = loader._iterable
         self.out_seq = -1  # seq of the batch being handed out
         self.out_worker = -1  # and of the replica it came from (streams)
-        self.bulk_seq = 0  # seq of the next batch in ``ready``
         # a stream's position (map-style ones: ``order``)
         self.replicas = StreamReplicas(loader.num_workers, skip, replicas) if iterable else None
-        self.ready: collections.deque[Any] = collections.deque()  # batches of one bulk gather
+        self.here = here.Here()  # the main process's batches: lean path, bulk gathers
         self.order = EpochOrder(loader, skip, done, replayed, gather=pool.spec.gather, first_seq=pool.seq,
                                 made_here=lambda: pool.mode is not Mode.WORKERS)
-        self.first_seq = pool.seq
-        self.base_seed = pool.base_seed  # a shared main-process pool takes a new one each epoch
         pool.epoch_start = pool.seq
         self.reorder = Reorder(pool.seq, loader.in_order)
         self.inflight: dict[int, tuple[int, Task]] = {}
-        self.active = [True] * max(1, loader.num_workers)  # iterable datasets: replicas not yet exhausted
-        self.rr = -1  # next worker in the rotation; set at the first dispatch
+        self.rotation = Rotation(loader.num_workers)
         self.recovery = Recovery(loader.max_worker_restarts, can_reissue=not loader._iterable)
         self.budget = failures.SkipBudget(loader.max_failures, loader._stats)  # on_error="skip"
         self.pin = loader._slot_pinner
         self.to_numpy = loader.output == "numpy" and not loader._default_collate
-        # the main process makes every batch by the quick path and nothing else needs doing
-        # per batch: __next__ takes the lean path (see _lean)
-        self.lean = False
-        self._quick_fetch: Callable[[Any], Any] | None = None
         self.skipped = skip
-        self.pipe_seed: int | None = None  # (DataLoader.__iter__)
-        # the loader's (epoch counter, resume state, end position) before this run's iter()
-        self.undo: tuple[int, dict[str, Any] | None, dict[str, Any] | None] | None = None
         self.thread = threading.get_ident()  # the thread that last asked for a batch
 
     def _give_back(self) -> bool:
@@ -98,7 +113,7 @@ class Run(TorchIteratorNames, Generic[T]):
         iter() once on loaders it does not know), this run gives its epoch back: the next
         iter() is the epoch this one would have been, with the same ``seed=`` draws, as if
         iter() had never been called. Not once a later iter() has begun another epoch."""
-        undo, self.undo = self.undo, None
+        undo, self.origin.undo = self.origin.undo, None
         loader = self.loader
         if (undo is None or self.exhausted or self.yielded != self.skipped or loader._epoch != self.epoch + 1
                 or loader._last_run not in (None, self)):
@@ -116,7 +131,7 @@ class Run(TorchIteratorNames, Generic[T]):
         RNG out of the epoch (torch's RandomSampler without a generator), and the resumed
         epoch was the one before, or later epochs differed. The draw now comes when the
         state is asked for, as it does at iter() with workers."""
-        if self.pool.seq == self.first_seq:  # no batch asked for yet
+        if self.pool.seq == self.origin.first_seq:  # no batch asked for yet
             self.order.begin()
 
     # -- iterator protocol --------------------------------------------------
@@ -127,16 +142,16 @@ class Run(TorchIteratorNames, Generic[T]):
         return len(self.loader)
 
     def __next__(self) -> T:
-        if self.lean:
+        if self.here.lean:
             return here.lean_next(self)  # type: ignore[no-any-return]
-        ready = self.ready
+        ready = self.here.ready
         if ready and self.pin is None:
             # batches already gathered in bulk (map-style, in order): hand one out with the
             # least bookkeeping
             batch, size = ready.popleft()
             self.yielded += 1
             self.order.prefix += 1
-            self.bulk_seq += 1
+            self.here.seq += 1
             self.stats.handed_now(size)
             return batch  # type: ignore[no-any-return]
         if self.finished:
@@ -194,7 +209,7 @@ class Run(TorchIteratorNames, Generic[T]):
 
     def _next(self) -> tuple[Any, int]:
         pool = self.pool
-        if self.ready or (self.order.slices is not None and pool.bulk_ok()):
+        if self.here.ready or (self.order.slices is not None and pool.bulk_ok()):
             return here.bulk(self)
         if not self.inflight and not len(self.reorder):
             while pool.probe.serve_here():
@@ -213,7 +228,7 @@ class Run(TorchIteratorNames, Generic[T]):
                     # batches once they are ready, all but those of the worker whose RNG this
                     # batch stands in for
                     pool.probe.on_early = lambda: pool.probe.holds_back() or self._fill(
-                        hold=(task.seq - self.first_seq) % max(1, pool.num_workers))
+                        hold=(task.seq - self.origin.first_seq) % max(1, pool.num_workers))
                 try:
                     result = pool.probe.fetch_here(task)
                 finally:
@@ -238,7 +253,7 @@ class Run(TorchIteratorNames, Generic[T]):
                         # and refill, so a worker never sits idle while its results sit in the pipe.
                         # (Grouped batches are refilled by the count handed out, which a poll does
                         # not change: a system call a batch for nothing.)
-                        self._poll(0)
+                        self.poll(0)
                     else:
                         # the batch handed out leaves room for the next task now, as torch's
                         # loader refills when it hands one out. Refilled only at the next call,
@@ -261,14 +276,14 @@ class Run(TorchIteratorNames, Generic[T]):
             if self.loader.timeout > 0:
                 timeout = min(timeout, max(0.0, waited_since + self.loader.timeout - time.monotonic()))
             polled = True
-            if not self._poll(timeout):
+            if not self.poll(timeout):
                 if self.loader.timeout > 0 and time.monotonic() - waited_since >= self.loader.timeout:
                     if not failures.restart_hung(self):
                         raise failures.timeout_error(self)
                     waited_since = time.monotonic()
                 continue
 
-    def _poll(self, timeout: float) -> bool:
+    def poll(self, timeout: float) -> bool:
         """Wait up to ``timeout`` for what the workers send and take it in (``_absorb``); False
         when nothing came. Process workers' results are read and recorded with a Ctrl-C held
         (``hold_ctrl_c``): one between the two lost the result, and a persistent loader's
@@ -299,7 +314,7 @@ class Run(TorchIteratorNames, Generic[T]):
         for ev in events:
             if isinstance(ev, Death):
                 deaths.append(ev)
-            elif ev.seq < self.first_seq or ev.seq not in self.inflight:
+            elif ev.seq < self.origin.first_seq or ev.seq not in self.inflight:
                 self.ex.release(ev)  # from an abandoned epoch
             else:
                 self.inflight.pop(ev.seq, None)
@@ -321,9 +336,10 @@ class Run(TorchIteratorNames, Generic[T]):
                               cpu_span=r.cpu_span, work=r.work)
         if r.exhausted:
             w = max(r.worker, 0)  # -1: the main process, the only replica with 0 workers
-            first = w >= len(self.active) or self.active[w]  # tasks in flight behind it end too
-            if w < len(self.active):
-                self.active[w] = False
+            live = self.rotation.live
+            first = w >= len(live) or live[w]  # tasks in flight behind it end too
+            if w < len(live):
+                live[w] = False
             if r.skipped:
                 self.budget.count(list(r.skipped), samples=len(r.skipped))
             if r.exhausted == 2 and first:
@@ -378,7 +394,7 @@ class Run(TorchIteratorNames, Generic[T]):
         if ex.kind == "inline":
             if self.inflight or len(self.reorder):
                 return
-            if self.loader._iterable and not self.active[0]:
+            if self.loader._iterable and not self.rotation.live[0]:
                 self.order.sampler_done = True
                 return
             self._send(0, 1)
@@ -388,7 +404,8 @@ class Run(TorchIteratorNames, Generic[T]):
         # they arrive, and counting only the tasks still out let the workers run ever further
         # ahead, holding shared memory and taking the training loop's CPU to do it.
         room = n * cap - len(self.inflight) - len(self.reorder)
-        if room <= 0 and self.rr >= 0:
+        rotation = self.rotation
+        if room <= 0 and rotation.turn >= 0:
             return  # every worker holds its share (strict round robin keeps them even)
         group = self.pool.grouping.size if ex.kind == "process" else 1
         if cap < 2 * group:
@@ -396,10 +413,11 @@ class Run(TorchIteratorNames, Generic[T]):
         fresh = not self.inflight and not len(self.reorder)  # the loop waits for the next batch
         if group > 1 and room < n * group and not fresh:
             return  # grouped batches go out a whole group a worker at a time (executors/grouping.py)
-        if self.rr < 0:  # the first dispatch of this epoch: batches made in the main process came first
-            self.rr = (self.pool.seq - self.first_seq) % max(1, n)
-        while len(self.active) < n:
-            self.active.append(True)  # workers added by the tuner
+        if rotation.turn < 0:  # the first dispatch of this epoch: batches made in the main process came first
+            rotation.turn = (self.pool.seq - self.origin.first_seq) % max(1, n)
+        live_replicas = rotation.live
+        while len(live_replicas) < n:
+            live_replicas.append(True)  # workers added by the tuner
         # Strict round robin (over live replicas of an iterable dataset), as torch does:
         # batch k goes to worker k % n, so per-worker RNG streams match torch's. Tasks for
         # one worker travel together in one message.
@@ -411,8 +429,8 @@ class Run(TorchIteratorNames, Generic[T]):
         for _ in range(max(0, room)):
             live = False
             for k in range(n):
-                w = (self.rr + k) % n
-                if self.active[w]:
+                w = (rotation.turn + k) % n
+                if live_replicas[w]:
                     live = True
                     if strict or (held[w] < cap and w != hold):
                         break
@@ -425,7 +443,7 @@ class Run(TorchIteratorNames, Generic[T]):
             task = self._next_task(w)
             if task is None:
                 break
-            self.rr = (w + 1) % n
+            rotation.turn = (w + 1) % n
             held[w] += 1
             orders.setdefault(w, []).append(task)
         for w, tasks in orders.items():
@@ -454,7 +472,7 @@ class Run(TorchIteratorNames, Generic[T]):
             indices = task_indices(indices)
         seq = self.pool.seq
         self.pool.seq += 1
-        task = Task(seq, self.epoch, indices, self.pipe_seed)
+        task = Task(seq, self.epoch, indices, self.origin.pipe_seed)
         self.inflight[seq] = (worker, task)
         return task
 
@@ -470,47 +488,13 @@ class Run(TorchIteratorNames, Generic[T]):
         return not self.order.sampler_done
 
     # -- endings ------------------------------------------------------------
-    def where(self, take_in: bool = False) -> dict[str, Any]:
-        """This run's position, for the loader's state_dict (``take_in``: results waiting in
-        the pipes may be taken in, see ``_stream_over``; never from a finalizer)."""
-        where: dict[str, Any] = {
-            "epoch": self.epoch, "batches": self.yielded if self.replicas is not None else self.order.prefix,
-            "finished": self.finished and self.exhausted or self._stream_over(take_in), "base_seed": self.base_seed,
-            "generator": self.generator_state}
-        if self.order.ahead:
-            where["done"] = sorted(self.order.ahead)  # handed out of order, beyond ``batches``
-        if self.replicas is not None:
-            where["replicas"] = list(self.replicas.done)  # batches each replica of the stream handed out
-        if self.order.rngs is not None:
-            where["replayed"] = self.order.replayed_where()
-        return where
-
-    def _stream_over(self, take_in: bool) -> bool:
-        """A stream's every worker has said it is exhausted and every batch was handed out:
-        the epoch is over, though the iterator has not raised its StopIteration yet."""
-        if self.replicas is None or self.finished or self.replicas.dropping:
-            return False
-        if (take_in and any(self.active) and self.inflight and self.loader._device_stage is None
-                and self.ex.kind != "inline" and threading.get_ident() == self.thread):
-            # the workers' word may be waiting in the pipes: take it in (no batch is handed out).
-            # Only in the thread that iterates: a checkpoint thread's poll ran into the loop's
-            # ("concurrent poll() invocation"), and its refill wrote orders into the same pipes
-            self._poll(0)
-        if self.inflight:
-            return False
-        buffered = list(self.reorder.buffer.values())
-        if any(not r.exhausted for r in buffered):
-            return False  # batches still to hand out
-        said = {max(r.worker, 0) for r in buffered}
-        return all(not active or w in said for w, active in enumerate(self.active))
-
     def _finish(self) -> None:
         if self.finished:
             return
         self.exhausted = True
         self.finished = True
         rng_lock.put_back()  # the training loop's RNGs back from thread workers
-        self.loader._ended = self.where()
+        self.loader._ended = position.run_position(self)
         self.stats.epoch_end()
         pool = self.pool
         if pool.launched and not pool.persistent and not pool.dead:
@@ -544,9 +528,9 @@ class Run(TorchIteratorNames, Generic[T]):
             return
         self.finished = True
         if self.loader._last_run is self:
-            self.loader._ended = self.where()
-        self.lean = False
-        self.ready.clear()  # batches gathered ahead: the next epoch's are its own
+            self.loader._ended = position.run_position(self)
+        self.here.lean = False
+        self.here.ready.clear()  # batches gathered ahead: the next epoch's are its own
         self._release_buffered()
 
     def _release_buffered(self) -> None:
@@ -571,7 +555,7 @@ class Run(TorchIteratorNames, Generic[T]):
             elif not self.finished:
                 ref = self.loader._last_ref
                 if ref is None or ref() in (None, self):
-                    self.loader._ended = self.where()  # dropped mid-epoch: resume from here
+                    self.loader._ended = position.run_position(self)  # dropped mid-epoch: resume from here
             if self.owns_pool and not self.pool.dead:
                 self.pool.close()
             elif not self.finished and not self.pool.dead:

@@ -85,7 +85,7 @@ def held_over(run: Run, worker: int | None = None) -> str:
     """A worker (``worker``, or any) still busy with a batch of an earlier epoch, which
     the awaited batch waits behind (persistent workers, after a timeout or a break)."""
     for w, held in enumerate(run.ex.held()):
-        old = [t for t in held.values() if t.seq < run.first_seq]
+        old = [t for t in held.values() if t.seq < run.origin.first_seq]
         if old and worker in (None, w):
             return (f"worker {w} is still making a batch of an earlier epoch ({indices_words(old[0])}), and "
                     "must finish it first")
@@ -99,14 +99,14 @@ def awaited(run: Run) -> tuple[int, str] | None:
     if seq is None or where is None:
         return None
     worker, task = where
-    return worker, f"batch {seq - run.first_seq} of this epoch ({indices_words(task)})"
+    return worker, f"batch {seq - run.origin.first_seq} of this epoch ({indices_words(task)})"
 
 
 def timeout_error(run: Run) -> RuntimeError:
     found = awaited(run)
     if found is None:
         behind = held_over(run)
-        where = f" waiting for batch {run.reorder.next - run.first_seq} of this epoch: {behind}" if behind else ""
+        where = f" waiting for batch {run.reorder.next - run.origin.first_seq} of this epoch: {behind}" if behind else ""
         return RuntimeError(f"DataLoader timed out after {run.loader.timeout} seconds{where}")
     worker, batch = found
     starting = run.ex.starting_for(worker)

@@ -9,6 +9,7 @@ seed, ``on_error="skip"``) or the probe's timing go through ``Probe.fetch_here``
 
 from __future__ import annotations
 
+import collections
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -25,7 +26,21 @@ from .transport import to_numpy
 if TYPE_CHECKING:
     from .epoch import Run
 
-__all__ = ["quick", "made", "go_lean", "lean_next", "bulk"]
+__all__ = ["Here", "quick", "made", "go_lean", "lean_next", "bulk"]
+
+
+class Here:
+    """A run's state for the batches the main process makes: the lean path (on once the
+    quick path does all there is to do, see ``go_lean``) and its fetch, and the batches of
+    one bulk gather waiting to go out."""
+
+    __slots__ = ("lean", "fetch", "ready", "seq")
+
+    def __init__(self) -> None:
+        self.lean = False  # __next__ takes the lean path
+        self.fetch: Callable[[Any], Any] | None = None  # the fetcher's quick path, on the lean path
+        self.ready: collections.deque[Any] = collections.deque()  # (batch, size) of one bulk gather
+        self.seq = 0  # seq of the next batch in ``ready``
 
 
 def quick(run: Run) -> tuple[Any, int]:
@@ -38,7 +53,7 @@ def quick(run: Run) -> tuple[Any, int]:
     fetcher = pool.local_fetcher()
     batch, n, start, end = made(run, fetcher.quick, indices)
     run.stats.result(INLINE, start, 0.0, end)
-    if not run.lean:
+    if not run.here.lean:
         go_lean(run, fetcher)
     return batch, n
 
@@ -67,11 +82,12 @@ def made(run: Run, fetch: Callable[[Any], Any], indices: Any) -> tuple[Any, int,
 def go_lean(run: Run, fetcher: Fetcher) -> None:
     """Take the lean path from the next batch on if it would do all there is to do."""
     pool = run.pool
-    run.lean = (pool.mode == Mode.INLINE and pool.quick and run.replicas is None
-                 and run.len_said is None and run.order.positions is None and not run.order.ahead
-                 and not run.ready and run.order.slices is None and not run.inflight
-                 and not len(run.reorder) and not (pool.tuner is not None and pool.probe.tuning()))
-    run._quick_fetch = fetcher.quick if run.lean else None
+    lean = (pool.mode == Mode.INLINE and pool.quick and run.replicas is None
+            and run.len_said is None and run.order.positions is None and not run.order.ahead
+            and not run.here.ready and run.order.slices is None and not run.inflight
+            and not len(run.reorder) and not (pool.tuner is not None and pool.probe.tuning()))
+    run.here.lean = lean
+    run.here.fetch = fetcher.quick if lean else None
 
 
 def lean_next(run: Run) -> Any:
@@ -95,11 +111,11 @@ def lean_next(run: Run) -> Any:
     seq = pool.seq
     run.out_seq = seq
     pool.seq = run.reorder.next = seq + 1
-    fetch = run._quick_fetch
+    fetch = run.here.fetch
     assert fetch is not None
     batch, n, start, end = made(run, fetch, indices)
     if pool.mode != Mode.INLINE:
-        run.lean = False  # batches got costly: the workers make the next ones
+        run.here.lean = False  # batches got costly: the workers make the next ones
     run.order.prefix += 1  # in order, none left out: the position is the count
     run.yielded += 1
     run.stats.made_here(start, end, asked, time.perf_counter(), n)
@@ -108,7 +124,8 @@ def lean_next(run: Run) -> Any:
 
 def bulk(run: Run) -> tuple[Any, int]:
     """In-memory arrays made in the main process: one gather for many batches, then views."""
-    if not run.ready:
+    ready = run.here.ready
+    if not ready:
         slices = run.order.slices
         assert slices is not None
         if slices.per_chunk == 0:
@@ -128,16 +145,16 @@ def bulk(run: Run) -> tuple[Any, int]:
         count = len(parts[0])
         sizes = [size] * count
         sizes[-1] = len(indices) - size * (count - 1)
-        run.ready.extend(zip(map(list, zip(*parts)), sizes))
+        ready.extend(zip(map(list, zip(*parts)), sizes))
         # one event for the gather, counting its batches (main-process batches, as any)
         run.stats.result(-1, start, 0.0, time.perf_counter(), batches=count)
         run.pool.inline_batches += count
-        run.bulk_seq = run.pool.seq
+        run.here.seq = run.pool.seq
         run.pool.seq += count
         run.reorder.next = run.pool.seq
-    run.out_seq = run.bulk_seq
-    run.bulk_seq += 1
+    run.out_seq = run.here.seq
+    run.here.seq += 1
     if run.pin is not None:
-        batch, n = run.ready.popleft()
+        batch, n = ready.popleft()
         return run.pin(batch), n
-    return run.ready.popleft()
+    return ready.popleft()

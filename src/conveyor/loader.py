@@ -388,8 +388,8 @@ class DataLoader(Generic[T]):
             torch.empty((), dtype=torch.int64).random_(generator=self.generator)
         run = Run(self, pool, epoch, skip, owns_pool=not persistent and pool is not self._inline, done=done,
                    replicas=replicas, replayed=replayed)
-        run.undo = undo
-        run.pipe_seed = pipe_seed
+        run.origin.undo = undo
+        run.origin.pipe_seed = pipe_seed
         if persistent:
             # torch's loader has one iterator over persistent workers, which iter() resets: an
             # iterator taken before goes on with the new epoch (a batch peeked at mid-epoch,

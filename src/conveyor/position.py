@@ -11,6 +11,7 @@ the workers' base seed. A state taken at an epoch's end names the next epoch wit
 from __future__ import annotations
 
 import base64
+import threading
 import warnings
 from typing import TYPE_CHECKING, Any
 
@@ -22,12 +23,51 @@ from .order import is_stateless, sized
 from .samplers import BatchSampler
 
 if TYPE_CHECKING:
+    from .epoch import Run
     from .loader import DataLoader
 
-__all__ = ["STATE_VERSION", "position", "load", "handed_all", "replays", "replay_ended", "check_replicas",
+__all__ = ["STATE_VERSION", "position", "run_position", "load", "handed_all", "replays", "replay_ended", "check_replicas",
            "dataset_len", "stream_rank_world"]
 
 STATE_VERSION = 1
+
+
+def run_position(run: Run[Any], take_in: bool = False) -> dict[str, Any]:
+    """A run's position, for the loader's state_dict (``take_in``: results waiting in the
+    pipes may be taken in, see ``_stream_over``; never from a finalizer)."""
+    order = run.order
+    where: dict[str, Any] = {
+        "epoch": run.epoch, "batches": run.yielded if run.replicas is not None else order.prefix,
+        "finished": run.finished and run.exhausted or _stream_over(run, take_in),
+        "base_seed": run.origin.base_seed, "generator": run.origin.generator_state}
+    if order.ahead:
+        where["done"] = sorted(order.ahead)  # handed out of order, beyond ``batches``
+    if run.replicas is not None:
+        where["replicas"] = list(run.replicas.done)  # batches each replica of the stream handed out
+    if order.rngs is not None:
+        where["replayed"] = order.replayed_where()
+    return where
+
+
+def _stream_over(run: Run[Any], take_in: bool) -> bool:
+    """A stream's every worker has said it is exhausted and every batch was handed out:
+    the epoch is over, though the iterator has not raised its StopIteration yet."""
+    if run.replicas is None or run.finished or run.replicas.dropping:
+        return False
+    live = run.rotation.live
+    if (take_in and any(live) and run.inflight and run.loader._device_stage is None
+            and run.ex.kind != "inline" and threading.get_ident() == run.thread):
+        # the workers' word may be waiting in the pipes: take it in (no batch is handed out).
+        # Only in the thread that iterates: a checkpoint thread's poll ran into the loop's
+        # ("concurrent poll() invocation"), and its refill wrote orders into the same pipes
+        run.poll(0)
+    if run.inflight:
+        return False
+    buffered = list(run.reorder.buffer.values())
+    if any(not r.exhausted for r in buffered):
+        return False  # batches still to hand out
+    said = {max(r.worker, 0) for r in buffered}
+    return all(not alive or w in said for w, alive in enumerate(live))
 
 
 def stream_rank_world(loader: DataLoader[Any]) -> tuple[int, int]:
@@ -64,7 +104,7 @@ def position(loader: DataLoader[Any]) -> dict[str, Any]:
     run = loader._last_run
     if run is not None and not run.finished:
         run.begin()
-    where = run.where(take_in=True) if run is not None and not run.finished else loader._ended
+    where = run_position(run, take_in=True) if run is not None and not run.finished else loader._ended
     state: dict[str, Any] = {"version": STATE_VERSION, "dataset_len": dataset_len(loader), "seed": loader.seed,
                              "batch_size": None if loader.batch_size is None else int(loader.batch_size),
                              "drop_last": bool(loader.drop_last)}

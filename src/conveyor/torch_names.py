@@ -15,13 +15,13 @@ __all__ = ["TorchIteratorNames"]
 
 class TorchIteratorNames:
     """torch's iterator attributes, read-only, for a class with ``loader``, ``pool``,
-    ``yielded``, ``len_said``, ``base_seed`` and ``close()``."""
+    ``yielded``, ``len_said``, ``origin`` (its ``base_seed``) and ``close()``."""
 
     loader: Any
     pool: Any
     yielded: int
     len_said: int | None
-    base_seed: int
+    origin: Any
 
     def close(self) -> None:
         raise NotImplementedError
@@ -76,4 +76,4 @@ class TorchIteratorNames:
 
     @property
     def _base_seed(self) -> int:
-        return self.base_seed
+        return int(self.origin.base_seed)

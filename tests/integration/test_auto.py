@@ -532,7 +532,7 @@ def _lean_and_general(monkeypatch: pytest.MonkeyPatch, **kw: object) -> list[tup
             for _ in range(5):
                 got.append(next(it)[:, 0].tolist())
                 states.append(_position(loader))
-            assert it.lean is lean  # type: ignore[attr-defined]
+            assert it.here.lean is lean  # type: ignore[attr-defined]
             stats = loader.stats()
             trace = [(kind, worker) for kind, worker, _, _ in loader._stats.trace]
         keep = ("batches", "samples", "steps", "epochs", "main_process_batches", "num_workers")
@@ -577,10 +577,10 @@ def test_batches_that_get_costly_leave_the_lean_path_for_the_workers() -> None:
     with DataLoader(Costly(), batch_size=8, num_workers=2, adaptive=True, output="numpy") as loader:
         it = iter(loader)
         got = [next(it)[:, 0] for _ in range(20)]
-        assert it.lean  # type: ignore[attr-defined]
+        assert it.here.lean  # type: ignore[attr-defined]
         got += [b[:, 0] for b in it]
         stats = loader.stats()
-        assert not it.lean  # type: ignore[attr-defined]
+        assert not it.here.lean  # type: ignore[attr-defined]
     assert np.array_equal(np.concatenate(got), np.arange(8 * 64))
     assert stats["workers_started"] and stats["main_process_batches"] <= 24 + 32
 
