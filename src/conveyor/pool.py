@@ -112,7 +112,7 @@ class Pool:
             self.probe.resume(kept)
         if self.num_workers == 0 and not auto_workers:
             inline = InlineExecutor(self.spec)
-            inline.fetcher.alloc = self.recycler
+            inline.fetcher.allocator.alloc = self.recycler
             self._holder.append(inline)
             if not loader._iterable:
                 self.mode = Mode.INLINE  # no workers: every batch is made here
@@ -197,7 +197,7 @@ class Pool:
                 self.fd_mark.append(inherit.open_fds())  # before this process first touches the dataset
             # thread workers share this process's RNGs: its seeded samples take the lock too
             fetcher = Fetcher(self.spec, None, shared_rng=self.worker_type == "thread")
-            fetcher.alloc = self.recycler
+            fetcher.allocator.alloc = self.recycler
             self._locals.append(fetcher)
         return self._locals[0]
 
