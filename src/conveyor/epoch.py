@@ -323,7 +323,7 @@ class Run(TorchIteratorNames, Generic[T]):
                     pool.grouping.note(ev)
                 if not pool.delivered:
                     pool.delivered = True
-                    pool.probe.findings.start_s = time.perf_counter() - pool.launched_at
+                    pool.probe.findings.start_s = time.perf_counter() - pool.launcher.started_at
                 self.reorder.push(ev)
         return deaths
 

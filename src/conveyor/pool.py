@@ -66,24 +66,15 @@ class Pool:
                 self.tuner.one_thread("an iterable dataset's worker reads its one iterator: 1 thread")
             if self.auto["num_workers"] and not self.timed:
                 self.num_workers = 0
-        self.worker_type = loader.worker_type
-        self.context = loader.multiprocessing_context
-        self.pinner = loader._slot_pinner
+        self.launcher = Launcher(self, loader)
         self.recycler = loader._recycler  # large batches made in this process reuse memory
-        self.fd_mark = loader._fd_mark  # shared with the loader: noted once, before its first batch here
-        self.forked = loader._forked
         self.dead = False
         self.seq = 0  # next task number; grows across epochs
         self.epoch_start = 0  # seq of the current epoch's first batch
         self._holder: list[Any] = []  # the executor, once started
         self._locals: list[Fetcher] = []  # the main process's fetcher, once used
-        # what the finalizer closes holds nothing of the user's (no dataset, no collate_fn):
-        # the finalizer registry keeps it reachable, and with it anything it refers to
-        self._closers: list[Any] = []  # worker executors
-        self._finalizer = weakref.finalize(self, close_all, self._closers)
         self.persistent = loader.persistent_workers
         self.launched = False  # workers were started at some point
-        self.launched_at = 0.0
         self.delivered = False  # a worker has handed back a batch
         self.closer: int | None = None  # the thread that closed this pool
         self.inline_batches = 0
@@ -112,7 +103,7 @@ class Pool:
             self.probe.resume(kept)
         if self.num_workers == 0 and not auto_workers:
             inline = InlineExecutor(self.spec)
-            inline.fetcher.alloc = self.recycler
+            inline.fetcher.allocator.alloc = self.recycler
             self._holder.append(inline)
             if not loader._iterable:
                 self.mode = Mode.INLINE  # no workers: every batch is made here
@@ -144,25 +135,14 @@ class Pool:
             # started and recorded with a Ctrl-C held: one in between left an executor nothing
             # closes (its workers ended unjoined, their process objects' pipes open for good)
             with hold_ctrl_c():
-                if self.worker_type == "thread":
-                    ex: Any = ThreadExecutor(self.spec, self.num_workers)
-                else:
-                    me = weakref.ref(self)
-                    mark = self.fd_mark
-                    # a loader's first workers may collect loaders dropped before in reference cycles
-                    # (a full collection); its later epochs' pools need not (see _platform.gc_freeze)
-                    first, self.forked[:] = not self.forked, [True]
-                    ex = ProcessExecutor(lambda: getattr(me(), "spec", None), self.num_workers, self.context,
-                                         pinner=self.pinner,
-                                         private_files=lambda: inherit.opened_since(mark[0] if mark else None),
-                                         collect=first, shipped=self.probe.loop_stats.shipping.shipped)
+                me = weakref.ref(self)
+                ex = self.launcher.start(self.spec, lambda: getattr(me(), "spec", None), self.num_workers,
+                                         self.probe.loop_stats.shipping.shipped)
                 self._holder.append(ex)
-                self._closers.append(ex)
             if self.dead:  # close() from another thread while they started: nothing else closes them
                 ex.close()
                 raise RuntimeError("this DataLoader's workers were shut down")
             self.launched = True
-            self.launched_at = time.perf_counter()
             self.probe.fed_from = self.probe.loop_stats.mark()
             if self.tuner is not None:
                 self.tuner.workers_run = self.num_workers
@@ -193,11 +173,11 @@ class Pool:
     def local_fetcher(self) -> Fetcher:
         """The main process's own fetcher (made on first use)."""
         if not self._locals:
-            if not self.fd_mark and self.worker_type == "process" and (self.num_workers or self.auto):
-                self.fd_mark.append(inherit.open_fds())  # before this process first touches the dataset
+            if self.num_workers or self.auto:
+                self.launcher.mark_files()  # before this process first touches the dataset
             # thread workers share this process's RNGs: its seeded samples take the lock too
-            fetcher = Fetcher(self.spec, None, shared_rng=self.worker_type == "thread")
-            fetcher.alloc = self.recycler
+            fetcher = Fetcher(self.spec, None, shared_rng=self.launcher.worker_type == "thread")
+            fetcher.allocator.alloc = self.recycler
             self._locals.append(fetcher)
         return self._locals[0]
 
@@ -224,17 +204,63 @@ class Pool:
         self.dead = True
         self.closer = threading.get_ident()
         t0 = time.perf_counter()
-        self._finalizer()
+        self.launcher.finalizer()
         if self.launched:
             self.probe.findings.stop_s = time.perf_counter() - t0
             if not self.delivered:  # the epoch ended before they handed back a batch: at least this
-                self.probe.findings.start_s = max(self.probe.findings.start_s or 0.0, t0 - self.launched_at)
+                self.probe.findings.start_s = max(self.probe.findings.start_s or 0.0, t0 - self.launcher.started_at)
         for ex in self._holder:
             ex.close()  # the main process's own executor (the finalizer had the workers')
         self._holder.clear()
         for f in self._locals:
             f.close()
         self._locals.clear()
+
+
+class Launcher:
+    """How a pool's workers start (threads or processes, the multiprocessing context, the
+    slot pinner, the files open before this process first touched the dataset) and what
+    closes them: every executor started, by the pool's finalizer should it be dropped
+    unclosed."""
+
+    def __init__(self, pool: Pool, loader: DataLoader[Any]) -> None:
+        self.worker_type = loader.worker_type
+        self.context = loader.multiprocessing_context
+        self.pinner = loader._slot_pinner
+        self.fd_mark = loader._fd_mark  # shared with the loader: noted once, before its first batch here
+        self.forked = loader._forked
+        # what the finalizer closes holds nothing of the user's (no dataset, no collate_fn):
+        # the finalizer registry keeps it reachable, and with it anything it refers to
+        self.closers: list[Any] = []  # worker executors
+        self.finalizer = weakref.finalize(pool, close_all, self.closers)
+        self.started_at = 0.0  # when the workers were started
+
+    def start(self, spec: Any, spec_of: Callable[[], Any], num_workers: int, shipped: Any) -> Any:
+        """Start ``num_workers`` workers (``spec_of``: the pool's spec as it is when a process
+        worker starts, None once the pool is gone); the finalizer closes them."""
+        if self.worker_type == "thread":
+            ex: Any = ThreadExecutor(spec, num_workers)
+        else:
+            mark = self.fd_mark
+            # a loader's first workers may collect loaders dropped before in reference cycles
+            # (a full collection); its later epochs' pools need not (see _platform.gc_freeze)
+            first, self.forked[:] = not self.forked, [True]
+            ex = ProcessExecutor(spec_of, num_workers, self.context, pinner=self.pinner,
+                                 private_files=lambda: inherit.opened_since(mark[0] if mark else None),
+                                 collect=first, shipped=shipped)
+        self.closers.append(ex)
+        self.started_at = time.perf_counter()
+        return ex
+
+    def mark_files(self) -> None:
+        """Note the files open now, once a loader, where process workers may come: those the
+        dataset opens after are the ones a worker closes (``files_opened``)."""
+        if not self.fd_mark and self.worker_type == "process":
+            self.fd_mark.append(inherit.open_fds())
+
+    def files_opened(self) -> tuple[int, ...]:
+        """The regular files opened since ``mark_files`` (none where it was not called)."""
+        return inherit.opened_since(self.fd_mark[0] if self.fd_mark else None)
 
 
 def close_all(closers: list[Any]) -> None:

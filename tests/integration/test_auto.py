@@ -465,7 +465,7 @@ def test_the_next_epoch_starts_from_the_threads_that_ran_not_the_wish() -> None:
     # ThreadSteer may keep more threads than the model asks (a cut it undid, or one vote
     # for fewer): the next epoch goes on with the threads that ran, which tuning() reports
     tuner = Tuner(cpu=2, warmup=4, start=Decision(1, 8, 2, "I/O-bound", False))
-    tuner.seen = 24  # past its warm-up: the decision is no placeholder
+    tuner.observed.seen = 24  # past its warm-up: the decision is no placeholder
     tuner.threads_run = 16
     with DataLoader(Waits(), batch_size=16, num_workers="auto", output="numpy") as loader:
         loader._tuner = tuner
@@ -496,7 +496,7 @@ def test_the_next_epoch_starts_from_the_workers_that_ran_not_the_wish() -> None:
     # workers are not stopped mid-run, so tuning() names those that ran though the tuner
     # came to wish fewer: the next epoch starts them all, as pinning tuning() would
     tuner = Tuner(cpu=2, warmup=4, start=Decision(1, 1, 2, "CPU-bound", False))
-    tuner.seen = 24
+    tuner.observed.seen = 24
     tuner.workers_run = 2
     with DataLoader(Waits(), batch_size=16, num_workers="auto", output="numpy") as loader:
         loader._tuner = tuner

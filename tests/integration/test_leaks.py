@@ -620,13 +620,13 @@ def test_a_close_cut_short_in_a_finalizer_is_finished_by_the_next_loader(monkeyp
     pool = loader._persistent
     assert pool is not None
     loader._persistent = None  # dropped: its finalizer is what closes it now
-    executor = pool._closers[0]
+    executor = pool.launcher.closers[0]
     prefix = os.path.basename(executor.prefix)
     _interrupt_the_first_join(monkeypatch)
     with pytest.raises(KeyboardInterrupt):
-        pool._finalizer()
+        pool.launcher.finalizer()
     monkeypatch.undo()
-    assert not pool._finalizer.alive  # it runs no more
+    assert not pool.launcher.finalizer.alive  # it runs no more
     del pool, executor
     left = {e for e in shm_entries() if e.startswith(prefix)}
     assert left, f"nothing of {prefix} was left to finish: {shm_entries()}"

@@ -149,7 +149,7 @@ def test_the_recycler_is_left_out_while_batches_are_small_and_back_once_they_gro
             assert next(it).shape == (8, 4)
         assert loader._recycler.asked == 0
         fetcher = it.pool.local_fetcher()
-        assert fetcher.alloc_idle >= ALLOC_IDLE, "no batch asked: the recycler is left out"
+        assert fetcher.allocator.idle >= ALLOC_IDLE, "no batch asked: the recycler is left out"
         for k in range(big_batches):
             b = next(it)
             assert torch.equal(b[:, 0, 0], torch.arange(8 * (small_batches + k), 8 * (small_batches + k + 1),
@@ -157,5 +157,5 @@ def test_the_recycler_is_left_out_while_batches_are_small_and_back_once_they_gro
             del b
         # the first recheck after the batches grew brought it back, and every batch since used it
         assert loader._recycler.asked >= big_batches - ALLOC_RECHECK
-        assert fetcher.alloc_idle == 0
+        assert fetcher.allocator.idle == 0
         assert loader._recycler.created < loader._recycler.asked, "buffers came back and were reused"

@@ -160,7 +160,7 @@ def test_threads_raised_for_fewer_workers_that_fit_in_memory_still_fit() -> None
     # I/O-bound, 4 workers of 9 threads, 1 GiB each plus batches of 100 MiB, a 3 GiB budget:
     # memory fits 2, whose threads doubled to 18 hold more batches: 3.2 GiB went unchecked
     t = Tuner(cpu=4, ram=3 * GiB)
-    t._rss, t._batch_bytes = GiB, 100 * 2**20
+    t.observed.rss, t.observed.batch_bytes = GiB, 100 * 2**20
     d = t._choose({"busy": 0.1, "work": 0.8, "cpu": 0.2, "step": 0.025, "std": 0.0, "each": None, "use": None,
                    "samples": 32})
     each = GiB + (d.prefetch_factor or 2) * 100 * 2**20 * (d.fetch_threads // 8 + 1)
@@ -293,7 +293,7 @@ def test_a_worker_core_share_is_the_core_it_held_not_its_threads_waits_added_up(
 def _fetching(tuner: Tuner, threads: int, each: float, windows: int = 4, *, use: float | None = None) -> None:
     """``windows`` windows of 2 workers of ``threads`` fetch threads, 32 samples a batch, each
     fetch taking ``each`` seconds as the threads time it, a 0.2 ms loop that waits."""
-    snap = tuner._last or {"batches": 0, "samples": 0, "steps": 0, "step_s": 0.0, "wait_s": 0.0, "workers": {}}
+    snap = tuner.observed.last or {"batches": 0, "samples": 0, "steps": 0, "step_s": 0.0, "wait_s": 0.0, "workers": {}}
     for _ in range(windows):
         snap = json.loads(json.dumps(snap))
         snap.update(num_workers=2, fetch_threads=threads, prefetch_factor=4)

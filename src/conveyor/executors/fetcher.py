@@ -36,7 +36,7 @@ if TYPE_CHECKING:
 __all__ = ["Fetcher", "fetches_batches"]
 
 # the main process's Recycler is left out after this many batches in a row that gave it no
-# leaf, and tried again on one batch in ALLOC_RECHECK (see ``Fetcher._collate``)
+# leaf, and tried again on one batch in ALLOC_RECHECK (see ``LeafAllocator.collate``)
 ALLOC_IDLE = 16
 ALLOC_RECHECK = 64
 
@@ -76,10 +76,7 @@ class Fetcher:
         self.keep = (worker_id is None or shared_rng) and spec.on_error == "raise"
         self.shared_rng = shared_rng
         self.dataset = spec.dataset
-        self.iterator: Any = None
-        self.iter_epoch: int | None = None
-        self.exhausted = False
-        self.died = False  # the stream ended right after an item raised
+        self.stream = Stream(spec, worker_id, shared_rng) if spec.iterable else None  # its iterator, epoch by epoch
         # as torch, only batches call ``__getitems__`` (batch_size=None: ``dataset[i]``)
         self.has_getitems = spec.auto_collation and not spec.iterable and fetches_batches(spec.dataset)
         self.gather = getattr(spec.dataset, "gather", None) if spec.gather else None
@@ -115,9 +112,7 @@ class Fetcher:
         # starts its workers early when a probing batch turns out slow)
         self.watch: tuple[float, Callable[[], float | None]] | None = None
         self.alone_s: float | None = None  # seconds a fetch took with no other running (a watched batch's)
-        # where collate puts large leaves: a process worker's slot Writer, the main process's Recycler
-        self.alloc: Callable[[tuple[int, ...], Any], Any] | None = None
-        self.alloc_idle = 0  # batches in a row that asked a Recycler ``alloc`` for nothing
+        self.allocator = LeafAllocator()  # where collate puts large leaves (its executor says)
         # a thread worker's info is its thread's: its fetch threads are told it too
         self.info = thread_worker_info() if worker_id is not None else None
         self.set_threads(spec.fetch_threads)
@@ -207,29 +202,7 @@ class Fetcher:
         else:
             samples = [ds[i] for i in indices]
         fn = self.spec.collate_fn
-        return self._collate(fn, samples) if fn is not None else samples
-
-    def _collate(self, fn: Callable[[Any], Any], samples: Any) -> Any:
-        alloc = self.alloc
-        if alloc is None:
-            return fn(samples)
-        # The main process's Recycler only takes leaves of ``min_bytes`` (1 MiB) or more. Batches
-        # that give it none (diabetes: 1 KiB) paid ~1 us a batch to set it up and to check each
-        # leaf against it, and 2-5 us of next() in a training loop. After ALLOC_IDLE such
-        # batches in a row it is left out, but for one batch in ALLOC_RECHECK, which brings it
-        # back if batches have grown. (Only a Recycler's batches ever count as idle.)
-        idle = self.alloc_idle
-        if idle >= ALLOC_IDLE and idle % ALLOC_RECHECK:
-            self.alloc_idle = idle + 1
-            return fn(samples)
-        asked = getattr(alloc, "asked", None)  # a Recycler counts the leaves big enough for it
-        if asked is None:
-            with use_allocator(alloc):
-                return fn(samples)
-        with use_allocator(alloc):
-            out = fn(samples)
-        self.alloc_idle = 0 if alloc.asked != asked else idle + 1  # type: ignore[attr-defined]
-        return out
+        return self.allocator.collate(fn, samples) if fn is not None else samples
 
     def _watched(self, indices: list[int], epoch: int,
                  watch: tuple[float, Callable[[], float | None]]) -> list[Any]:
@@ -290,9 +263,118 @@ class Fetcher:
         samples, skipped = self._samples(task)
         return samples, skipped, False
 
-    def _fetch_iter(self, task: Task, skipped: list[Failure]) -> Any:
-        if self.iter_epoch != task.epoch:
-            if self.spec.seed is not None and self.worker_id is not None and not self.shared_rng:
+    # -- the task ---------------------------------------------------------
+    def run(self, task: Task) -> Result:
+        """Fetch and collate ``task`` (large leaves into ``self.allocator.alloc``'s buffers, when set)."""
+        start = time.perf_counter()
+        # CPU clocks are system calls here (~10 us): read them once in eight batches, never
+        # over the first (it also pays one-time costs, which would make waiting look like computing)
+        self.runs += 1
+        cpu0 = None
+        if self.runs == 2 and self.spans:
+            cpu_now, core_now = self.span_clocks()
+            self.span_mark = (cpu_now, start, 1, core_now)
+        elif self.runs & 7 == 2 and not self.spans:
+            cpu0 = self.cpu_clock()
+        spec = self.spec
+        self.work = None
+        given = task.indices
+        if given is not None and type(given) is not list:
+            # a batch sampler's array, tuple or range (a bucketing sampler's numpy indices):
+            # a dataset's __getitems__ gets it as it came, as under torch; the rest a list
+            task = task._replace(indices=list(given))
+        try:
+            if spec.iterable:
+                skipped: list[Failure] = []
+                try:
+                    data = self.stream.batch(task, skipped)  # type: ignore[union-attr]
+                except StopIteration:
+                    died = self.stream.died and spec.on_error == "skip"  # type: ignore[union-attr]
+                    return Result(task.seq, self._wid(), exhausted=2 if died else 1, skipped=tuple(skipped),
+                                  start=start, end=time.perf_counter())
+                done = False
+            elif self.plain and self.pool is None and self.watch is None:
+                ds = self.dataset
+                data, skipped, done = [ds[i] for i in task.indices], (), False  # type: ignore[union-attr]
+            else:
+                data, skipped, done = self._fetch_map(task, given)
+            fetched = time.perf_counter()
+            # a custom batch sampler's batches, an epoch's short last one, a stream's: counted
+            if not spec.auto_collation:
+                n = 1
+            elif spec.iterable:
+                n = len(data) + len(skipped)
+            else:
+                n = len(task.indices)  # type: ignore[arg-type]
+            if spec.auto_collation and not done and not data and skipped:
+                # every sample failed: all ``n`` count as seen (a batch sampler's batches have
+                # no batch_size to count them by)
+                return Result(task.seq, self._wid(), empty=True, skipped=tuple(skipped),
+                              start=start, fetched=fetched, end=fetched, samples=n)
+            if not done and spec.collate_fn is not None:
+                try:
+                    data = self.allocator.collate(spec.collate_fn, data)
+                except Exception as exc:  # not a bad sample: on_error="skip" does not skip it
+                    return Result(task.seq, self._wid(), start=start, end=time.perf_counter(),
+                                  failure=capture(exc, self.worker_id, task.indices, "collating", keep=self.keep))
+            end = time.perf_counter()
+            cpu = None if cpu0 is None else self.cpu_clock() - cpu0
+            span = None
+            mark = self.span_mark
+            if mark is not None and self.runs - mark[2] >= (3 if mark[2] == 1 and self.pool is None else 8):
+                # the first span ends after three batches, for the tuner's first decisions
+                now, core = self.span_clocks()
+                self.span_mark = (now, end, self.runs, core)
+                cpu, span = now - mark[0], (self.runs - mark[2], end - mark[1], core - mark[3])
+            return Result(task.seq, self._wid(), batch=data, skipped=tuple(skipped) if skipped else (),
+                          start=start, fetched=fetched, end=end, cpu=cpu, cpu_span=span, samples=n,
+                          work=self.work)
+        except Exception as exc:
+            indices = task.indices
+            return Result(task.seq, self._wid(), failure=capture(exc, self.worker_id, indices, keep=self.keep),
+                          start=start, end=time.perf_counter())
+
+    def _clock_twice(self) -> tuple[float, float]:
+        now = self.cpu_clock()
+        return now, now
+
+    def _wid(self) -> int:
+        return -1 if self.worker_id is None else self.worker_id
+
+    def close(self, wait_s: float = 5.0) -> None:
+        """Stop the fetch threads, waiting ``wait_s`` seconds at most: one stuck in a fetch
+        that never returns (a hung network read) held close() for ever, a Ctrl-C too. Such a
+        thread is left (a daemon) and no longer holds up seeded fetches elsewhere."""
+        if self.pool is not None:
+            pool, self.pool = self.pool, None
+            stuck = pool.close(wait=True, cancel=True, timeout=wait_s)
+            if stuck:
+                rng_lock.abandon({t.ident for t in stuck} - {None})
+
+
+class Stream:
+    """An iterable dataset's stream in one worker: the iterator of the epoch it reads, and
+    how it ended (``exhausted``; ``died``: right after an item raised)."""
+
+    __slots__ = ("spec", "dataset", "worker_id", "reseeds", "iterator", "epoch", "exhausted", "died")
+
+    def __init__(self, spec: WorkerSpec, worker_id: int | None, shared_rng: bool) -> None:
+        self.spec = spec
+        self.dataset = spec.dataset
+        self.worker_id = worker_id
+        # threads of one process share its global RNGs: only a process worker reseeds them
+        self.reseeds = spec.seed is not None and worker_id is not None and not shared_rng
+        self.iterator: Any = None
+        self.epoch: int | None = None
+        self.exhausted = False
+        self.died = False  # the stream ended right after an item raised
+
+    def batch(self, task: Task, skipped: list[Failure]) -> Any:
+        """The next batch (an item, without auto-collation) of ``task``'s epoch, which a new
+        epoch starts afresh; raises StopIteration at the stream's end. Items that raise
+        under on_error="skip" go to ``skipped``."""
+        if self.epoch != task.epoch:
+            if self.reseeds:
                 # a process worker's stream draws from its global RNGs: with a seed, each epoch
                 # starts them from (seed, epoch), so an epoch's draws do not depend on the epochs
                 # this worker made before (persistent or not), and a resumed epoch repeats them
@@ -303,7 +385,7 @@ class Fetcher:
                 seed = task.seed if task.seed is not None else rng.mix(base, task.epoch, 0xD1E) >> 1
                 _torch.seed_datapipe(self.dataset, seed)
             self.iterator = iter(self.dataset)
-            self.iter_epoch = task.epoch
+            self.epoch = task.epoch
             self.exhausted = False
             self.died = False
         if self.exhausted:
@@ -352,92 +434,39 @@ class Fetcher:
             raise StopIteration
         return out
 
-    # -- the task ---------------------------------------------------------
-    def run(self, task: Task) -> Result:
-        """Fetch and collate ``task`` (large leaves into ``self.alloc``'s buffers, when set)."""
-        start = time.perf_counter()
-        # CPU clocks are system calls here (~10 us): read them once in eight batches, never
-        # over the first (it also pays one-time costs, which would make waiting look like computing)
-        self.runs += 1
-        cpu0 = None
-        if self.runs == 2 and self.spans:
-            cpu_now, core_now = self.span_clocks()
-            self.span_mark = (cpu_now, start, 1, core_now)
-        elif self.runs & 7 == 2 and not self.spans:
-            cpu0 = self.cpu_clock()
-        spec = self.spec
-        self.work = None
-        given = task.indices
-        if given is not None and type(given) is not list:
-            # a batch sampler's array, tuple or range (a bucketing sampler's numpy indices):
-            # a dataset's __getitems__ gets it as it came, as under torch; the rest a list
-            task = task._replace(indices=list(given))
-        try:
-            if spec.iterable:
-                skipped: list[Failure] = []
-                try:
-                    data = self._fetch_iter(task, skipped)
-                except StopIteration:
-                    return Result(task.seq, self._wid(), exhausted=2 if self.died and self.spec.on_error == "skip" else 1, skipped=tuple(skipped),
-                                  start=start, end=time.perf_counter())
-                done = False
-            elif self.plain and self.pool is None and self.watch is None:
-                ds = self.dataset
-                data, skipped, done = [ds[i] for i in task.indices], (), False  # type: ignore[union-attr]
-            else:
-                data, skipped, done = self._fetch_map(task, given)
-            fetched = time.perf_counter()
-            # a custom batch sampler's batches, an epoch's short last one, a stream's: counted
-            if not spec.auto_collation:
-                n = 1
-            elif spec.iterable:
-                n = len(data) + len(skipped)
-            else:
-                n = len(task.indices)  # type: ignore[arg-type]
-            if spec.auto_collation and not done and not data and skipped:
-                # every sample failed: all ``n`` count as seen (a batch sampler's batches have
-                # no batch_size to count them by)
-                return Result(task.seq, self._wid(), empty=True, skipped=tuple(skipped),
-                              start=start, fetched=fetched, end=fetched, samples=n)
-            if not done and spec.collate_fn is not None:
-                try:
-                    data = self._collate(spec.collate_fn, data)
-                except Exception as exc:  # not a bad sample: on_error="skip" does not skip it
-                    return Result(task.seq, self._wid(), start=start, end=time.perf_counter(),
-                                  failure=capture(exc, self.worker_id, task.indices, "collating", keep=self.keep))
-            end = time.perf_counter()
-            cpu = None if cpu0 is None else self.cpu_clock() - cpu0
-            span = None
-            mark = self.span_mark
-            if mark is not None and self.runs - mark[2] >= (3 if mark[2] == 1 and self.pool is None else 8):
-                # the first span ends after three batches, for the tuner's first decisions
-                now, core = self.span_clocks()
-                self.span_mark = (now, end, self.runs, core)
-                cpu, span = now - mark[0], (self.runs - mark[2], end - mark[1], core - mark[3])
-            return Result(task.seq, self._wid(), batch=data, skipped=tuple(skipped) if skipped else (),
-                          start=start, fetched=fetched, end=end, cpu=cpu, cpu_span=span, samples=n,
-                          work=self.work)
-        except Exception as exc:
-            indices = task.indices
-            return Result(task.seq, self._wid(), failure=capture(exc, self.worker_id, indices, keep=self.keep),
-                          start=start, end=time.perf_counter())
 
-    def _clock_twice(self) -> tuple[float, float]:
-        now = self.cpu_clock()
-        return now, now
+class LeafAllocator:
+    """Where collate puts a batch's large leaves (``alloc``: a process worker's slot Writer,
+    the main process's Recycler; None: where collate will), and whether a Recycler is still
+    worth asking (``idle``: batches in a row that asked it for nothing)."""
 
-    def _wid(self) -> int:
-        return -1 if self.worker_id is None else self.worker_id
+    __slots__ = ("alloc", "idle")
 
-    def close(self, wait_s: float = 5.0) -> None:
-        """Stop the fetch threads, waiting ``wait_s`` seconds at most: one stuck in a fetch
-        that never returns (a hung network read) held close() for ever, a Ctrl-C too. Such a
-        thread is left (a daemon) and no longer holds up seeded fetches elsewhere."""
-        if self.pool is not None:
-            pool, self.pool = self.pool, None
-            stuck = pool.close(wait=True, cancel=True, timeout=wait_s)
-            if stuck:
-                rng_lock.abandon({t.ident for t in stuck} - {None})
+    def __init__(self) -> None:
+        self.alloc: Callable[[tuple[int, ...], Any], Any] | None = None
+        self.idle = 0
+
+    def collate(self, fn: Callable[[Any], Any], samples: Any) -> Any:
+        alloc = self.alloc
+        if alloc is None:
+            return fn(samples)
+        # The main process's Recycler only takes leaves of ``min_bytes`` (1 MiB) or more. Batches
+        # that give it none (diabetes: 1 KiB) paid ~1 us a batch to set it up and to check each
+        # leaf against it, and 2-5 us of next() in a training loop. After ALLOC_IDLE such
+        # batches in a row it is left out, but for one batch in ALLOC_RECHECK, which brings it
+        # back if batches have grown. (Only a Recycler's batches ever count as idle.)
+        idle = self.idle
+        if idle >= ALLOC_IDLE and idle % ALLOC_RECHECK:
+            self.idle = idle + 1
+            return fn(samples)
+        asked = getattr(alloc, "asked", None)  # a Recycler counts the leaves big enough for it
+        if asked is None:
+            with use_allocator(alloc):
+                return fn(samples)
+        with use_allocator(alloc):
+            out = fn(samples)
+        self.idle = 0 if alloc.asked != asked else idle + 1  # type: ignore[attr-defined]
+        return out
 
 
 class _Skipped:

@@ -101,6 +101,7 @@ def _serve(spec: WorkerSpec, worker_id: int, gen: int, tasks: Any, results: Any,
         queue: list[Task] = []
         rss = _Rss()
         slots_writer = Writer(pool) if pool is not None else None
+        allocator = fetcher.allocator  # (its alloc: each batch's slot writer)
         readable = Readable(tasks)
         inbox = Inbox(tasks)
         warned = False
@@ -174,7 +175,7 @@ def _serve(spec: WorkerSpec, worker_id: int, gen: int, tasks: Any, results: Any,
                 writer.reset()
             else:
                 writer = None
-            fetcher.alloc = writer  # collate into the slot (None: no shared memory)
+            allocator.alloc = writer  # collate into the slot (None: no shared memory)
             result = fetcher.run(task)
             batch = result.batch
             used = None

@@ -17,7 +17,6 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from .. import rng
-from ..executors import inherit
 from ..executors.fetcher import Fetcher
 from ..executors.sched import runqueue_wait as _runqueue_wait
 from ..executors.seeding import rng_lock
@@ -429,7 +428,7 @@ class Probe:
             _ = self.pool.executor
         except Exception:  # noqa: BLE001 - surfaces again, with its context, at the next dispatch
             self.pool._holder.clear()
-            self.pool._closers.clear()
+            self.pool.launcher.closers.clear()
             return
         if self.on_early is not None:
             self.on_early()  # hand the next batches out at once, so workers overlap this one
@@ -549,7 +548,7 @@ class Probe:
         one moves the others' reads: "auto" then leaves fetch threads at what they are
         (``fetch_threads=N`` still forces them)."""
         if not self._keeps_files:
-            self._keeps_files = bool(inherit.opened_since(self.pool.fd_mark[0] if self.pool.fd_mark else None))
+            self._keeps_files = bool(self.pool.launcher.files_opened())
             if self._keeps_files and self.pool.tuner is not None:
                 self.pool.tuner.one_thread("the dataset keeps files open, which fetch threads would share: 1 thread")
         return self._keeps_files

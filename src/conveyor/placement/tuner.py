@@ -40,7 +40,7 @@ from typing import Any
 
 from . import machine
 
-__all__ = ["Decision", "ThreadSteer", "Tuner", "Window"]
+__all__ = ["Decision", "Observations", "ThreadSteer", "Tuner", "Window"]
 
 IO_BOUND = 0.5  # cpu/work below this: the fetch mostly waits
 HALF_WAITING = 0.8  # cpu/work below this: a CPU-bound fetch still waits enough for a second thread
@@ -245,6 +245,75 @@ class ThreadSteer:
         return threads
 
 
+class Observations:
+    """What the tuner has measured: a ``Window`` of per-batch means between each two stats
+    snapshots (the last ``WINDOWS_KEPT``), the batches they cover, and the memory the latest
+    snapshot told of (what a worker adds, what a batch holds).
+
+    >>> o = Observations()
+    >>> o.add({"batches": 8, "steps": 7, "step_s": 0.07, "wait_s": 0.1,
+    ...        "workers": {0: {"batches": 8, "busy_s": 0.4}}})
+    True
+    >>> o.seen, o.windows[-1].busy
+    (8, 0.05)
+    """
+
+    __slots__ = ("last", "rebase", "windows", "seen", "rss", "batch_bytes")
+
+    def __init__(self) -> None:
+        self.last: dict[str, Any] | None = None  # the snapshot the next window starts from
+        self.rebase = False  # the next snapshot is a baseline, not a window (unpin)
+        self.windows: list[Window] = []
+        self.seen = 0  # batches observed
+        self.rss: float | None = None  # bytes a worker adds
+        self.batch_bytes: float | None = None
+
+    def rebased(self, snap: dict[str, Any]) -> bool:
+        """Is ``snap`` the baseline asked for (``rebase``), taken as such and no window?"""
+        if not self.rebase:
+            return False
+        self.rebase = False
+        self.last = snap  # what came before the pin was lifted is not a window
+        return True
+
+    def add(self, snap: dict[str, Any]) -> bool:
+        """Take a cumulative snapshot: did it make a window (batches were made and handed out
+        since the last one)?"""
+        last = self.last or {"batches": 0, "steps": 0, "step_s": 0.0, "wait_s": 0.0, "workers": {}}
+        if snap.get("batches", 0) < last.get("batches", 0):
+            last = {"batches": 0, "steps": 0, "step_s": 0.0, "wait_s": 0.0, "workers": {}}  # a reset
+        self.last = snap
+        n1, busy1, sq1, cpu1, cn1, sc1, sw1 = _totals(snap)
+        n0, busy0, sq0, cpu0, cn0, sc0, sw0 = _totals(last)
+        dn = n1 - n0
+        handed = snap.get("batches", 0) - last.get("batches", 0)
+        if dn <= 0 or handed <= 0:
+            return False
+        busy = (busy1 - busy0) / dn
+        var = max(0.0, (sq1 - sq0) / dn - busy * busy)
+        cpu = (cpu1 - cpu0) / (cn1 - cn0) if cn1 > cn0 else None
+        dsteps = snap.get("steps", 0) - last.get("steps", 0)
+        step = (snap.get("step_s", 0.0) - last.get("step_s", 0.0)) / dsteps if dsteps > 0 else None
+        wait = (snap.get("wait_s", 0.0) - last.get("wait_s", 0.0)) / handed
+        workers = int(snap.get("num_workers", 0) or 0)
+        lanes = max(1, workers) * int(snap.get("fetch_threads", 1) or 1)
+        use = (sc1 - sc0) / (sw1 - sw0) if sw1 > sw0 else (cpu / busy if cpu is not None and busy > 0 else None)
+        samples = (snap.get("samples", 0) - last.get("samples", 0)) / handed
+        (wk1, wn1), (wk0, wn0) = _work_totals(snap), _work_totals(last)
+        measured = (wk1 - wk0) / (wn1 - wn0) if wn1 > wn0 else None
+        self.windows.append(Window(dn, busy, math.sqrt(var), cpu, step, wait, lanes, workers, use, samples,
+                                   measured))
+        if len(self.windows) > WINDOWS_KEPT:
+            del self.windows[0]  # a window every few batches for ever: 86 B a batch, unbounded
+        self.seen += handed
+        rss = [w.get("rss") for k, w in snap.get("workers", {}).items() if int(k) >= 0 and w.get("rss")]
+        if rss:
+            self.rss = max(rss)
+        if snap.get("mean_batch_bytes"):
+            self.batch_bytes = float(snap["mean_batch_bytes"])
+        return True
+
+
 class Tuner:
     """Reads stats snapshots, recommends loader settings within a CPU and a RAM budget.
 
@@ -278,14 +347,9 @@ class Tuner:
         self.cap_why = ""  # why max_threads was lowered (one_thread)
         self._current = start or Decision(0, 1, None, "not measured yet", False)
         self._pinned: Decision | None = None
-        self._rebase = False  # the next snapshot is a baseline, not a window (unpin)
         self._settled = False
         self._streak = 0
-        self._last: dict[str, Any] | None = None
-        self.windows: list[Window] = []
-        self.seen = 0  # batches observed
-        self._rss: float | None = None  # bytes a worker adds
-        self._batch_bytes: float | None = None
+        self.observed = Observations()
         self._io_evidence = False
         self._alone: float | None = None  # seconds a fetch took with no other running (note_waiting)
         self._crowded = False  # the decision's fetch threads were cut for crowding each other
@@ -307,46 +371,11 @@ class Tuner:
     # -- input --------------------------------------------------------------
     def observe(self, snap: dict[str, Any]) -> None:
         """Take a cumulative ``loader.stats()`` snapshot; the difference to the last one is a window."""
-        if self._pinned is not None:
-            return
-        if self._rebase:
-            self._rebase = False
-            self._last = snap  # what came before the pin was lifted is not a window
+        if self._pinned is not None or self.observed.rebased(snap):
             return
         self.thread_steer.window(int(snap.get("batches", 0)), time.perf_counter())
-        last = self._last or {"batches": 0, "steps": 0, "step_s": 0.0, "wait_s": 0.0, "workers": {}}
-        if snap.get("batches", 0) < last.get("batches", 0):
-            last = {"batches": 0, "steps": 0, "step_s": 0.0, "wait_s": 0.0, "workers": {}}  # a reset
-        self._last = snap
-        n1, busy1, sq1, cpu1, cn1, sc1, sw1 = _totals(snap)
-        n0, busy0, sq0, cpu0, cn0, sc0, sw0 = _totals(last)
-        dn = n1 - n0
-        handed = snap.get("batches", 0) - last.get("batches", 0)
-        if dn <= 0 or handed <= 0:
-            return
-        busy = (busy1 - busy0) / dn
-        var = max(0.0, (sq1 - sq0) / dn - busy * busy)
-        cpu = (cpu1 - cpu0) / (cn1 - cn0) if cn1 > cn0 else None
-        dsteps = snap.get("steps", 0) - last.get("steps", 0)
-        step = (snap.get("step_s", 0.0) - last.get("step_s", 0.0)) / dsteps if dsteps > 0 else None
-        wait = (snap.get("wait_s", 0.0) - last.get("wait_s", 0.0)) / handed
-        workers = int(snap.get("num_workers", 0) or 0)
-        lanes = max(1, workers) * int(snap.get("fetch_threads", 1) or 1)
-        use = (sc1 - sc0) / (sw1 - sw0) if sw1 > sw0 else (cpu / busy if cpu is not None and busy > 0 else None)
-        samples = (snap.get("samples", 0) - last.get("samples", 0)) / handed
-        (wk1, wn1), (wk0, wn0) = _work_totals(snap), _work_totals(last)
-        measured = (wk1 - wk0) / (wn1 - wn0) if wn1 > wn0 else None
-        self.windows.append(Window(dn, busy, math.sqrt(var), cpu, step, wait, lanes, workers, use, samples,
-                                   measured))
-        if len(self.windows) > WINDOWS_KEPT:
-            del self.windows[0]  # a window every few batches for ever: 86 B a batch, unbounded
-        self.seen += handed
-        rss = [w.get("rss") for k, w in snap.get("workers", {}).items() if int(k) >= 0 and w.get("rss")]
-        if rss:
-            self._rss = max(rss)
-        if snap.get("mean_batch_bytes"):
-            self._batch_bytes = float(snap["mean_batch_bytes"])
-        self._update()
+        if self.observed.add(snap):
+            self._update()
 
     def steer_threads(self, current: int) -> int:
         """The fetch threads to run next: the decision's, damped and checked against the
@@ -368,7 +397,7 @@ class Tuner:
         self._pinned = None
         self._settled = False
         self._streak = 0
-        self._rebase = True
+        self.observed.rebase = True
 
     def one_thread(self, why: str) -> None:
         """Never more than one fetch thread a worker from now on (``why`` joins the reason)."""
@@ -392,6 +421,16 @@ class Tuner:
     def pinned(self) -> bool:
         """True once ``pin`` fixed the decision (observations no longer change it)."""
         return self._pinned is not None
+
+    @property
+    def seen(self) -> int:
+        """Batches observed."""
+        return self.observed.seen
+
+    @property
+    def windows(self) -> list[Window]:
+        """The windows observed, oldest first (the last ``WINDOWS_KEPT``)."""
+        return self.observed.windows
 
     @property
     def measuring(self) -> bool:
@@ -524,9 +563,10 @@ class Tuner:
             # a batch than threads (batch_size=None: one), more batches in flight keep them busy
             prefetch = min(MAX_PREFETCH, max(prefetch, math.ceil(threads / e["samples"])))
         mem_note = ""
-        if self.ram is not None and (self._rss or self._batch_bytes):
+        obs = self.observed
+        if self.ram is not None and (obs.rss or obs.batch_bytes):
             def per_worker(pf: int) -> float:
-                return (self._rss or 0.0) + pf * (self._batch_bytes or 0.0) * max(1, threads // 8 + 1)
+                return (obs.rss or 0.0) + pf * (obs.batch_bytes or 0.0) * max(1, threads // 8 + 1)
             if prefetch > 2 and workers * per_worker(prefetch) > self.ram:
                 prefetch = 2
             fit = int(self.ram // max(1.0, per_worker(prefetch)))
