@@ -376,12 +376,16 @@ class Run(TorchIteratorNames, Generic[T]):
             if self.replicas is None:
                 self.order.handed(r.seq)
             return None
-        batch = r.batch if r.worker < 0 else self.ex.decode(r)
+        return self.dressed(r.batch if r.worker < 0 else self.ex.decode(r)), n
+
+    def dressed(self, batch: Any) -> Any:
+        """A batch as the user gets it: numpy arrays where ``output="numpy"`` asks for them
+        of a user's collate_fn, pinned where ``pin_memory`` asks."""
         if self.to_numpy:
             batch = to_numpy(batch)
         if self.pin is not None:
             batch = self.pin(batch)
-        return batch, n
+        return batch
 
     # -- dispatch -----------------------------------------------------------
     def _fill(self, hold: int | None = None) -> None:

@@ -21,7 +21,6 @@ from .executors.fetcher import Fetcher
 from .order import bulk_batches, torch_split
 from .placement.rules import Mode
 from .stats import INLINE
-from .transport import to_numpy
 
 if TYPE_CHECKING:
     from .epoch import Run
@@ -72,11 +71,7 @@ def made(run: Run, fetch: Callable[[Any], Any], indices: Any) -> tuple[Any, int,
     run.pool.probe.note(end - start, batch)
     n = len(indices)
     run.budget.seen += n
-    if run.to_numpy:
-        batch = to_numpy(batch)
-    if run.pin is not None:
-        batch = run.pin(batch)
-    return batch, n, start, end
+    return run.dressed(batch), n, start, end
 
 
 def go_lean(run: Run, fetcher: Fetcher) -> None:

@@ -191,9 +191,9 @@ class Probe:
 
 
     def _costly(self, costs: list[float], batch: Any) -> bool:
-        """Is a window of 16 main-process batches worth the workers? Its fifth cheapest is
-        (a few batches the machine slowed down say nothing)."""
-        typical = self.findings.batch_s = sorted(costs)[4]
+        """Is a window of 16 main-process batches worth the workers? Its low quartile (the
+        fifth cheapest, ``rules.typical``) is: a few batches the machine slowed down say nothing."""
+        typical = self.findings.batch_s = rules.typical(costs)
         return self.worth_workers(typical, batch)
 
 
