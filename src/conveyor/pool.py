@@ -102,9 +102,9 @@ class Pool:
         if kept is not None and not kept.measuring and not self.bulk:
             self.probe.resume(kept)
         if self.num_workers == 0 and not auto_workers:
-            inline = InlineExecutor(self.spec)
-            inline.fetcher.allocator.alloc = self.recycler
-            self._holder.append(inline)
+            # the main process's one fetcher: a stream's tasks through the executor, a map-style
+            # dataset's batches by the quick path or with their envelope (Probe.fetch_here)
+            self._holder.append(InlineExecutor(self.spec, self.local_fetcher()))
             if not loader._iterable:
                 self.mode = Mode.INLINE  # no workers: every batch is made here
         self.probe.time_the_epoch()

@@ -20,8 +20,8 @@ class InlineExecutor(Executor):
     kind = "inline"
     num_workers = 1  # one slot for dispatch; get_worker_info() stays None
 
-    def __init__(self, spec: WorkerSpec) -> None:
-        self.fetcher = Fetcher(spec, None)
+    def __init__(self, spec: WorkerSpec, fetcher: Fetcher) -> None:
+        self.fetcher = fetcher  # the pool's own (Pool.local_fetcher): one fetcher in the main process
         self.queue: collections.deque[Task] = collections.deque()
         # With a loader seed, samples reseed the global RNGs; the user's state
         # is put back after each batch so the main thread's RNG is not disturbed.
