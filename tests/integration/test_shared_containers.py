@@ -24,7 +24,7 @@ import pytest
 
 import conveyor
 from conveyor.report import report
-from conveyor.transport import share
+from conveyor.transport import share, spans
 from helpers import Snapshot, assert_no_leaks, pid_alive, shm_entries, wait_until
 from shared_data import ROWS, ForkRows, Plain, Raises, buffers_of, where, zoo
 
@@ -98,11 +98,11 @@ def test_a_replacement_worker_maps_the_same_buffers(method: str, tmp_path: Path)
         first = next(it)
         pid = first["pid"][0].item()
         assert share.settle(30)  # the copies into shared memory, made while the workers start, are whole
-        spans = dict(share._spans)
+        before = spans.live()
         os.kill(pid, signal.SIGKILL)
         rest = list(it)
         stats = dl.stats()
-        now = dict(share._spans)  # (the pool keeps its copy for the plain dataset while it persists)
+        now = spans.live()  # (the pool keeps its copy for the plain dataset while it persists)
     assert stats["restarts"] == 1
     assert len(rest) == ROWS // 64 - 1
     later = {b["pid"][0].item() for b in rest[-2:]}
@@ -112,7 +112,7 @@ def test_a_replacement_worker_maps_the_same_buffers(method: str, tmp_path: Path)
         assert rest[-1][f"{name}_at"][0] == first[f"{name}_at"][0], name
     # no new shared copy was made for the replacement (a mapping of the first start's may have
     # been collected meanwhile: the copy a container read while it was made, for one)
-    assert set(now.items()) <= set(spans.items()), (now, spans)
+    assert set(now.items()) <= set(before.items()), (now, before)
     assert stats["dataset_pickles"] == 2 and stats["dataset_pickle_bytes"] < 256 << 10
 
 
