@@ -41,7 +41,8 @@ __all__ = ["CHUNK", "Move", "active", "copy_soon", "deferrable", "failed", "fail
 CHUNK = 2 << 20
 WRITE_CHUNK = 64 << 20  # bytes a write() passes at once (the kernel takes at most ~2 GB a call)
 # a test's hook: on_chunk(move, k, wanted) runs in the copying thread before chunk k is written
-on_chunk: Callable[[Move, int, bool], None] | None = None
+# (``wanted``: a task reads it); False puts the chunk off (the next one is chosen afresh)
+on_chunk: Callable[[Move, int, bool], bool] | None = None
 active = 0  # moves under way in this process (the dispatcher tells them its tasks' rows then)
 
 _lock = threading.Lock()
@@ -269,8 +270,8 @@ def start(moves: list[Move], then: Callable[[], None] | None) -> None:
             while (job := _next(moves)) is not None:
                 m, k, wanted = job
                 try:
-                    if on_chunk is not None:
-                        on_chunk(m, k, wanted)
+                    if on_chunk is not None and on_chunk(m, k, wanted) is False:
+                        continue  # (a test holding the copy: the chunk comes again)
                     m.copy(k)
                     if not m.left:
                         m.finish(None)
