@@ -560,3 +560,23 @@ def test_a_failed_copy_reaches_the_user_and_no_worker_reads_it(at: int, monkeypa
     del dl, err, caught
     gc.collect()
     assert_no_leaks(before)
+
+
+def test_the_rows_of_tasks_sent_while_copying_are_copied_first(monkeypatch: Any) -> None:
+    # the dispatcher tells the copy each task's rows (lists or numpy arrays of indices) before
+    # sending it: their chunks come next, task by task, before the chunks in order
+    from conveyor.executors.task import Task
+
+    monkeypatch.setattr(move, "CHUNK", 4 << 10)  # 4 rows a chunk
+    rows = _distinct_rows(ROWS)
+    ds = conveyor.ArrayDataset(rows)
+    out, m = move.copy_soon(rows)  # (as adopt makes it, its thread not started yet)
+    move.track(rows, out)
+    try:
+        move.prefer(ds, [Task(0, 0, np.array([1001, 9])), Task(1, 0, [400, 401, 402])])
+        assert list(m.wanted) == [2, 250, 100]
+        assert m.next_chunk() == (2, True)
+    finally:
+        move.start([m], None)
+        assert move.settle(30)
+    np.testing.assert_array_equal(out, rows)

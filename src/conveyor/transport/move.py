@@ -158,8 +158,12 @@ class Move:
         if self.done.is_set() or not len(lo):
             return
         c = self.chunk
-        first, last = np.asarray(lo) // c, (np.maximum(np.asarray(hi), np.asarray(lo) + 1) - 1) // c
-        ks = np.unique(np.concatenate([np.arange(f, min(l, self.nchunks - 1) + 1) for f, l in zip(first, last)]))
+        lo = np.asarray(lo, dtype=np.int64)
+        first = lo // c
+        last = np.minimum((np.maximum(np.asarray(hi, dtype=np.int64), lo + 1) - 1) // c, self.nchunks - 1)
+        count = np.maximum(last - first + 1, 1)
+        steps = np.arange(int(count.sum())) - np.repeat(np.cumsum(count) - count, count)
+        ks = np.unique(np.repeat(first, count) + steps)  # every chunk of every range, in order
         with _lock:
             self.wanted.extend(int(k) for k in ks if not self.copied[k])
 
@@ -349,9 +353,9 @@ def prefer(dataset: Any, tasks: Any) -> None:
     """The dispatcher is about to send ``tasks`` (their ``indices``) while a copy is under
     way: their rows of ``dataset`` are copied next, where the dataset says where they lie
     (``_conveyor_first_(indices)``: conveyor's containers)."""
-    indices = [i for t in tasks if t.indices is not None for i in t.indices]
-    if indices:
-        rows_first(dataset, indices)
+    for t in tasks:  # (task by task: the first task's chunks come first)
+        if t.indices is not None and len(t.indices):
+            rows_first(dataset, t.indices)
 
 
 def rows_first(dataset: Any, indices: list[int]) -> None:
