@@ -431,13 +431,14 @@ def test_a_worker_reads_the_rows_copied_before_the_copy_is_whole(method: str, sh
                     seed=3) as dl:
             it = iter(dl)
             first = next(it)
-            still_held = (not hold.gate.is_set(), hold.held > 0, ds.arrays[0] is rows)
+            # the chunks past the 4th that no task wants wait for the gate: the copy is not whole
+            still_held = (not hold.gate.is_set(), ds.arrays[0] is rows)
             hold.gate.set()
             batches = [first, *it]
     finally:
         hold.gate.set()
     assert hold.main is False  # written by a thread of its own, not the one starting workers
-    assert still_held == (True, True, True)  # the first batch came while the copy was held, not whole
+    assert still_held == (True, True)  # the first batch came while the copy was held, not whole
     got = np.concatenate([np.asarray(b[0]) for b in batches])
     index = np.concatenate([np.asarray(b[1]) for b in batches])
     np.testing.assert_array_equal(got, rows[index])  # every row whole: none read half-written
@@ -580,3 +581,25 @@ def test_the_rows_of_tasks_sent_while_copying_are_copied_first(monkeypatch: Any)
         move.start([m], None)
         assert move.settle(30)
     np.testing.assert_array_equal(out, rows)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("method", METHODS)
+def test_the_copy_writes_only_wanted_chunks_until_a_worker_has_started(method: str, monkeypatch: Any) -> None:
+    # on few cores the copy would take a core from the starting workers: until one has
+    # started it writes only the chunks the tasks sent want (what the first batches read)
+    monkeypatch.setattr(move, "HOLD_S", 60.0)
+    monkeypatch.setattr(move, "CHUNK", 64 << 10)
+    seen: list[tuple[bool, bool]] = []
+
+    def hook(m: Any, k: int, wanted: bool) -> bool:
+        seen.append((wanted, move.workers_started()))
+        return True
+
+    monkeypatch.setattr(move, "on_chunk", hook)
+    rows = _distinct_rows(ROWS * 2)
+    with loader(conveyor.ArrayDataset(rows), method, num_workers=2, batch_size=64) as dl:
+        got = np.concatenate([np.asarray(b[0]) for b in dl])
+    np.testing.assert_array_equal(got, rows)
+    assert any(not wanted for wanted, _ in seen)  # (the rest, in order, once one had started)
+    assert all(wanted or started for wanted, started in seen), seen

@@ -268,6 +268,7 @@ class ProcessExecutor(Executor):
             raise rebuild(msg.failure)
         wk.ready = True
         wk.pid = msg.pid
+        move.started()  # a copy into shared memory held back for the workers' start goes on
 
     @property
     def ready(self) -> int:

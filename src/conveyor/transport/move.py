@@ -35,7 +35,7 @@ except ImportError:  # pragma: no cover - Windows
     fcntl = None  # type: ignore[assignment]
 
 __all__ = ["CHUNK", "Move", "active", "copy_soon", "deferrable", "failed", "failure", "on_chunk", "pending",
-           "place", "prefer", "rows_first", "settle", "start", "want", "want_bytes", "write"]
+           "place", "prefer", "rows_first", "settle", "started", "workers_started", "start", "want", "want_bytes", "write"]
 
 # bytes a chunk: a worker waits for the chunks its rows lie in, no more (2 GB: 1,024 marks)
 CHUNK = 2 << 20
@@ -44,6 +44,13 @@ WRITE_CHUNK = 64 << 20  # bytes a write() passes at once (the kernel takes at mo
 # (``wanted``: a task reads it); False puts the chunk off (the next one is chosen afresh)
 on_chunk: Callable[[Move, int, bool], bool] | None = None
 active = 0  # moves under way in this process (the dispatcher tells them its tasks' rows then)
+# a container's copy writes only the chunks tasks want until a worker has started, for at most
+# this long: on a machine with few cores the copy would take a core from the starting workers
+# (2 cores, 2 GB: ~0.3 s of CPU within the first batch's wait), and what the first batches
+# read is wanted and copied meanwhile
+HOLD_S = 1.0
+_started = threading.Event()  # a worker has started since the last container's copy began
+_nudge = threading.Event()  # a chunk is wanted, or a worker has started
 
 _lock = threading.Lock()
 _timing = threading.local()  # seconds this thread spent copying arrays into segments
@@ -166,6 +173,7 @@ class Move:
         ks = np.unique(np.repeat(first, count) + steps)  # every chunk of every range, in order
         with _lock:
             self.wanted.extend(int(k) for k in ks if not self.copied[k])
+        _nudge.set()
 
     def want_rows(self, rows: Any) -> None:
         """Copy the chunks of the rows ``rows`` next (all of them lie anywhere in an array of
@@ -179,12 +187,14 @@ class Move:
         row = self.nbytes // shape[0]
         self.want_bytes(idx * row, idx * row + row)
 
-    def next_chunk(self) -> tuple[int, bool] | None:
+    def next_chunk(self, wanted_only: bool = False) -> tuple[int, bool] | None:
         with _lock:
             while self.wanted:
                 k = self.wanted.popleft()
                 if not self.copied[k]:
                     return k, True
+        if wanted_only:
+            return None
         while self.cursor < self.nchunks and self.copied[self.cursor]:
             self.cursor += 1
         return (self.cursor, False) if self.cursor < self.nchunks else None
@@ -251,13 +261,15 @@ def copy_soon(a: np.ndarray) -> tuple[np.ndarray, Move]:
     return out, move
 
 
-def _next(moves: list[Move]) -> tuple[Move, int, bool] | None:
-    """The next chunk to write: one a task wants, else the first left, in order."""
+def _next(moves: list[Move], wanted_only: bool = False) -> tuple[Move, int, bool] | None:
+    """The next chunk to write: one a task wants, else (not ``wanted_only``) the first left."""
     for m in moves:
         if m.wanted and not m.done.is_set():
-            got = m.next_chunk()
+            got = m.next_chunk(wanted_only)
             if got is not None and got[1]:
                 return m, got[0], True
+    if wanted_only:
+        return None
     for m in moves:
         if not m.done.is_set():
             got = m.next_chunk()
@@ -266,12 +278,47 @@ def _next(moves: list[Move]) -> tuple[Move, int, bool] | None:
     return None
 
 
-def start(moves: list[Move], then: Callable[[], None] | None) -> None:
-    """Write each move's source into its segment in a thread, seal each, then ``then()``."""
+def started() -> None:
+    """A worker has started: a container's copy under way takes every chunk now."""
+    _started.set()
+    _nudge.set()
+
+
+def workers_started() -> bool:
+    """Has a worker started since the last container's copy began?"""
+    return _started.is_set()
+
+
+def _hold(moves: list[Move], until: float) -> None:
+    """Wait until a chunk is wanted, a worker has started, or ``until``."""
+    while not _started.is_set() and not any(m.wanted for m in moves):
+        left = until - time.monotonic()
+        if left <= 0:
+            return
+        _nudge.wait(left)
+        _nudge.clear()
+
+
+def start(moves: list[Move], then: Callable[[], None] | None, hold: bool = False) -> None:
+    """Write each move's source into its segment in a thread, seal each, then ``then()``.
+    ``hold``: chunks no task wants wait for a worker's start (``HOLD_S`` at most): only
+    reads that check their chunks (a container's) can go on before the copy is whole."""
+    if hold:
+        _started.clear()
+    until = time.monotonic() + HOLD_S
 
     def run() -> None:
         try:
-            while (job := _next(moves)) is not None:
+            while True:
+                holding = hold and not _started.is_set() and time.monotonic() < until
+                if holding:
+                    _hold(moves, until)
+                    holding = not _started.is_set() and time.monotonic() < until
+                job = _next(moves, holding)
+                if job is None:
+                    if holding:
+                        continue
+                    break
                 m, k, wanted = job
                 try:
                     if on_chunk is not None and on_chunk(m, k, wanted) is False:
@@ -367,6 +414,7 @@ def rows_first(dataset: Any, indices: list[int]) -> None:
 
 def settle(timeout: float | None = None) -> bool:
     """Wait for the moves under way (tests, and a process about to end); True if none is left."""
+    started()  # (nothing holds them back any more)
     with _lock:
         threads = list(_threads)
     for t in threads:

@@ -143,7 +143,7 @@ def _adopt_later(arrays: tuple[Any, ...], then: Any) -> bool:
         if out is not a:
             move.track(a, out)
     done = tuple(copies)
-    move.start(moves, lambda: then(done))
+    move.start(moves, lambda: then(done), hold=True)
     return True
 
 
