@@ -9,7 +9,8 @@ A spawned worker imports for ~0.3-1.5 s and the copy is ~0.5 ms a MB: the worker
 segment's descriptor at once, and read a chunk as soon as its mark is set (``guard``). The
 main process knows the rows of the first tasks before it sends them: ``prefer`` moves their
 chunks to the head of the copy, so a worker's first batch waits for its own rows only, in
-any order. A failed copy (ENOSPC) sets FAILED and closes the pipe: the workers waiting stop,
+any order. Until a worker has started, a container's copy writes only those chunks
+(``HOLD_S`` at most): the starting workers keep the cores. A failed copy (ENOSPC) sets FAILED and closes the pipe: the workers waiting stop,
 and the main process raises the error (``failure``).
 """
 
