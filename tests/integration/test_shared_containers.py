@@ -603,3 +603,52 @@ def test_the_copy_writes_only_wanted_chunks_until_a_worker_has_started(method: s
     np.testing.assert_array_equal(got, rows)
     assert any(not wanted for wanted, _ in seen)  # (the rest, in order, once one had started)
     assert all(wanted or started for wanted, started in seen), seen
+
+
+@pytest.mark.timeout(60)
+def test_a_string_array_read_while_copied_waits_for_its_strings_bytes(monkeypatch: Any) -> None:
+    # a StringArray's read in a worker checks the chunks of the offsets and of the bytes its
+    # strings lie in: the early strings read at once, a late one waits for its bytes
+    import threading
+
+    from conveyor.datasets import StringArray
+    from conveyor.datasets.strings import _from_buffers
+    from conveyor.transport import guard
+
+    hold = _Hold(at=2)
+    monkeypatch.setattr(move, "CHUNK", 4 << 10)
+    monkeypatch.setattr(move, "on_chunk", hold)
+    words = [f"{i:06d}" * (1 + i % 7) for i in range(40_000)]  # ~1.1 MB of bytes, 320 KB of offsets
+    sa = StringArray(words)
+    data, offsets = np.ascontiguousarray(sa.data), np.ascontiguousarray(sa.offsets)
+    moves, views = [], []
+    for a in (data, offsets):
+        out, m = move.copy_soon(a)
+        moves.append((out, m))
+    for _, m in moves:
+        move.start([m], None)  # (a thread each: the hold on one leaves the other going)
+    try:
+        for (out, m), a in zip(moves, (data, offsets)):
+            fd, ready = os.dup(m.fd), os.dup(m.ready)
+            try:
+                mm = guard.attach(fd, m.size, ready, m.layout())
+            finally:
+                os.close(fd)
+            views.append(np.ndarray(a.shape, dtype=a.dtype, buffer=mm))
+        worker_side = _from_buffers(views[0], views[1])
+        assert worker_side[0] == words[0] and worker_side.take([1, 0]).tolist() == words[1::-1]
+        late = len(words) - 3  # its offsets and bytes lie in chunks the copy holds
+        waited = guard.waits
+        got: list[str] = []
+        reader = threading.Thread(target=lambda: got.append(worker_side[late]))
+        reader.start()
+        assert wait_until(lambda: guard.waits > waited, 30)
+        assert not got
+        hold.gate.set()
+        reader.join(30)
+        assert got == [words[late]]
+        assert move.settle(30)
+        assert worker_side.tolist() == words
+    finally:
+        hold.gate.set()
+        move.settle(30)
