@@ -46,6 +46,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+SHUFFLE = os.environ.get("SPAWN_START_SHUFFLE") == "1"
+
 if os.environ.get("SPAWN_START_TORCH_AT_TOP") == "1":
     import torch  # noqa: F401 - a training script's top-level import, re-run in each worker
 
@@ -154,12 +156,13 @@ def one(variant: str, mb: int, method: str) -> dict[str, Any]:
         ds = UserArrays(x, y)
     del x, y  # the dataset holds the data, as with ArrayDataset(np.load(...))
     if variant == "torch":
-        dl: Any = torch.utils.data.DataLoader(ds, batch_size=64, num_workers=2, multiprocessing_context=method)
+        dl: Any = torch.utils.data.DataLoader(ds, batch_size=64, num_workers=2, multiprocessing_context=method,
+                                              shuffle=SHUFFLE)
     else:
         import conveyor
 
         dl = conveyor.DataLoader(ds, batch_size=64, num_workers=2, multiprocessing_context=method,
-                                 adaptive=False)
+                                 adaptive=False, shuffle=SHUFFLE)
     kids0 = tree_cpu()
     c0 = time.process_time()
     t0 = time.perf_counter()
@@ -169,10 +172,19 @@ def one(variant: str, mb: int, method: str) -> dict[str, Any]:
     # CPU to the first batch holds still on a machine others load, where wall time does not
     main_cpu = time.process_time() - c0
     workers_cpu = tree_cpu() - kids0
-    assert int(first[1][-1]) == 63
+    assert SHUFFLE or int(first[1][-1]) == 63
     for _ in range(7):  # batches from both workers: each has its dataset in hand
         next(it)
     pss, procs = tree_pss()
+    # conveyor copies the data into shared memory while the workers make batches: the memory
+    # measured then holds the data twice (the arrays and the copy under way); once the copy is
+    # whole the dataset lets its own arrays go
+    copying_pss = pss
+    if variant != "torch":
+        from conveyor.transport import share
+
+        share.settle(120)
+        pss, procs = tree_pss()
     del it, first
     t0 = time.perf_counter()
     it = iter(dl)
@@ -183,6 +195,7 @@ def one(variant: str, mb: int, method: str) -> dict[str, Any]:
         dl.close()
     return {"variant": variant, "mb": mb, "method": method, "dataset_bytes": nbytes, "first_s": first_s,
             "second_s": second_s, "main_cpu_s": main_cpu, "workers_cpu_s": workers_cpu, "pss": pss,
+            "copying_pss": copying_pss, "shuffle": SHUFFLE,
             "processes": procs}
 
 
@@ -216,9 +229,11 @@ def table(results: list[dict[str, Any]], sizes: list[int], methods: list[str]) -
                 f = statistics.median(r["first_s"] for r in ok)
                 s = statistics.median(r["second_s"] for r in ok)
                 p = statistics.median(r["pss"] / r["dataset_bytes"] for r in ok)
+                pc = statistics.median(r.get("copying_pss", r["pss"]) / r["dataset_bytes"] for r in ok)
                 m = statistics.median(r["main_cpu_s"] for r in ok)
                 w = statistics.median(r["workers_cpu_s"] for r in ok)
-                cells.append(f"{f:.2f} / {s:.2f}, {m:.2f} + {w:.2f}, {p:.2f}x")
+                during = f" ({pc:.2f}x copying)" if pc > p + 0.01 else ""
+                cells.append(f"{f:.2f} / {s:.2f}, {m:.2f} + {w:.2f}, {p:.2f}x{during}")
             lines.append(f"| {v} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -232,11 +247,15 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--machine", default=platform.node() or "local")
     ap.add_argument("--timeout", type=float, default=600)
+    ap.add_argument("--shuffle", action="store_true", help="shuffled batches (the rows of the first batch lie "
+                    "anywhere in the data)")
     ap.add_argument("--torch-at-top", action="store_true",
                     help="the main module imports torch at its top (so does each spawned worker)")
     args = ap.parse_args()
     if args.torch_at_top:
         os.environ["SPAWN_START_TORCH_AT_TOP"] = "1"
+    if args.shuffle:
+        os.environ["SPAWN_START_SHUFFLE"] = "1"
     if args.one:
         variant, mb, method = args.one
         print("RESULT " + json.dumps(one(variant, int(mb), method)), flush=True)
@@ -267,12 +286,13 @@ def main() -> None:
         ram = "RAM unknown"
     head = (f"# Worker start-up against dataset size ({args.machine})\n\n"
             f"`python benchmarks/spawn_start.py --sizes {args.sizes} --methods {args.methods} --variants "
-            f"{args.variants} --repeats {args.repeats}{' --torch-at-top' if args.torch_at_top else ''}` on {cores} cores, {ram}, Python {platform.python_version()}; "
+            f"{args.variants} --repeats {args.repeats}{' --torch-at-top' if args.torch_at_top else ''}{' --shuffle' if args.shuffle else ''}` on {cores} cores, {ram}, Python {platform.python_version()}; "
             f"{time.strftime('%Y-%m-%d', time.gmtime(t_start))}, {time.time() - t_start:.0f} s in all; load average {load:.1f} at the end.\n"
             "Each cell: time from iter() to the first batch of the first epoch (which moves the data into "
             "shared memory once) and of the second epoch (new workers); the CPU seconds the main process and "
             "the workers (fork server included) spent until the first batch of the first epoch; the PSS of "
-            "the whole process tree over the dataset's size, with both workers running. Medians of the "
+            "the whole process tree over the dataset's size, with both workers running (for conveyor, once its copy into "
+            "shared memory is whole; in brackets while it was still under way, where more). Medians of the "
             "repeats. Cases alternate; each runs in a fresh process.\n")
     out.write_text(head + table(results, sizes, methods) + "\n")
     print(out.read_text())

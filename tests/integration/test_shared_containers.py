@@ -24,7 +24,7 @@ import pytest
 
 import conveyor
 from conveyor.report import report
-from conveyor.transport import share
+from conveyor.transport import move, share, spans
 from helpers import Snapshot, assert_no_leaks, pid_alive, shm_entries, wait_until
 from shared_data import ROWS, ForkRows, Plain, Raises, buffers_of, where, zoo
 
@@ -98,11 +98,11 @@ def test_a_replacement_worker_maps_the_same_buffers(method: str, tmp_path: Path)
         first = next(it)
         pid = first["pid"][0].item()
         assert share.settle(30)  # the copies into shared memory, made while the workers start, are whole
-        spans = dict(share._spans)
+        before = spans.live()
         os.kill(pid, signal.SIGKILL)
         rest = list(it)
         stats = dl.stats()
-        now = dict(share._spans)  # (the pool keeps its copy for the plain dataset while it persists)
+        now = spans.live()  # (the pool keeps its copy for the plain dataset while it persists)
     assert stats["restarts"] == 1
     assert len(rest) == ROWS // 64 - 1
     later = {b["pid"][0].item() for b in rest[-2:]}
@@ -112,7 +112,7 @@ def test_a_replacement_worker_maps_the_same_buffers(method: str, tmp_path: Path)
         assert rest[-1][f"{name}_at"][0] == first[f"{name}_at"][0], name
     # no new shared copy was made for the replacement (a mapping of the first start's may have
     # been collected meanwhile: the copy a container read while it was made, for one)
-    assert set(now.items()) <= set(spans.items()), (now, spans)
+    assert set(now.items()) <= set(before.items()), (now, before)
     assert stats["dataset_pickles"] == 2 and stats["dataset_pickle_bytes"] < 256 << 10
 
 
@@ -380,67 +380,173 @@ def _has_imported_numpy(pid: int) -> bool:
         return False
 
 
+class _Hold:
+    """A test's hold on the copy into shared memory (``move.on_chunk``): chunks from ``at`` on
+    wait for ``release`` unless a task wants them (the dispatcher's rows come first)."""
+
+    def __init__(self, at: int) -> None:
+        import threading
+
+        self.at = at
+        self.gate = threading.Event()
+        self.held = 0  # times a chunk was put off
+        self.main: bool | None = None
+        self.polls = 0
+
+    def __call__(self, m: Any, k: int, wanted: bool) -> bool:
+        import threading
+
+        self.main = threading.current_thread() is threading.main_thread()
+        if wanted or k < self.at or self.gate.is_set():
+            return True
+        self.held += 1
+        self.polls += 1
+        if self.polls > 60_000:  # ~5 minutes: the test has failed (its timeout says so)
+            raise RuntimeError("the copy was held too long")
+        return self.gate.wait(0.005)
+
+
+def _distinct_rows(n: int) -> np.ndarray:
+    """n rows of 1 KiB, no two alike and no zero byte (a row not yet written reads as zeros)."""
+    rng = np.random.default_rng(7)
+    return rng.integers(1, 256, size=(n, 1024), dtype=np.uint8)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("shuffle", [False, True], ids=["sequential", "shuffled"])
+@pytest.mark.parametrize("method", METHODS)
+def test_a_worker_reads_the_rows_copied_before_the_copy_is_whole(method: str, shuffle: bool,
+                                                                 monkeypatch: Any) -> None:
+    # the copy goes in chunks; a container's read in a worker waits only for the chunks its
+    # rows lie in, and the rows of the first tasks are copied first: held at its 5th chunk
+    # (of 1,024: 4 rows a chunk, so a few shuffled batches want a fraction of them), the copy
+    # still gives the first batch, shuffled too, with every byte right
+    hold = _Hold(at=4)
+    monkeypatch.setattr(move, "CHUNK", 4 << 10)
+    monkeypatch.setattr(move, "on_chunk", hold)
+    rows = _distinct_rows(ROWS * 4)
+    ds = conveyor.ArrayDataset(rows, np.arange(len(rows)))
+    try:
+        with loader(ds, method, num_workers=2, batch_size=64, shuffle=shuffle,
+                    seed=3) as dl:
+            it = iter(dl)
+            first = next(it)
+            # the chunks past the 4th that no task wants wait for the gate: the copy is not whole
+            still_held = (not hold.gate.is_set(), ds.arrays[0] is rows)
+            hold.gate.set()
+            batches = [first, *it]
+    finally:
+        hold.gate.set()
+    assert hold.main is False  # written by a thread of its own, not the one starting workers
+    assert still_held == (True, True)  # the first batch came while the copy was held, not whole
+    got = np.concatenate([np.asarray(b[0]) for b in batches])
+    index = np.concatenate([np.asarray(b[1]) for b in batches])
+    np.testing.assert_array_equal(got, rows[index])  # every row whole: none read half-written
+    assert sorted(index.tolist()) == list(range(len(rows)))
+    assert move.settle(30) and share.located(ds.arrays[0]) is not None  # the dataset took the copy
+
+
+@pytest.mark.timeout(60)
+def test_a_read_of_a_row_not_copied_yet_waits_for_it(monkeypatch: Any) -> None:
+    # the worker's side of a segment still being copied, in this process: rows written read at
+    # once, a row whose chunk is not written waits until it is, then reads right
+    import threading
+
+    from conveyor.transport import guard
+
+    hold = _Hold(at=2)
+    monkeypatch.setattr(move, "CHUNK", 64 << 10)
+    monkeypatch.setattr(move, "on_chunk", hold)
+    rows = _distinct_rows(ROWS)
+    out, m = move.copy_soon(rows)
+    move.start([m], None)
+    try:
+        fd, ready = os.dup(m.fd), os.dup(m.ready)
+        try:
+            mm = guard.attach(fd, m.size, ready, m.layout())
+        finally:
+            os.close(fd)
+        view = np.ndarray(rows.shape, dtype=rows.dtype, buffer=mm)
+        assert guard.copying
+        guard.rows((view,), [0, 63, 64, 127])  # chunks 0 and 1: written (or soon: not held)
+        np.testing.assert_array_equal(view[[0, 63, 64, 127]], rows[[0, 63, 64, 127]])
+        late = 64 * 10 + 5  # in chunk 10, held
+        waited = guard.waits
+        got: list[np.ndarray] = []
+        reader = threading.Thread(target=lambda: (guard.rows((view,), [late]), got.append(view[late].copy())))
+        reader.start()
+        assert wait_until(lambda: guard.waits > waited, 30)  # it waits: the chunk is not written
+        assert not got and hold.held > 0
+        hold.gate.set()
+        reader.join(30)
+        np.testing.assert_array_equal(got[0], rows[late])
+        assert move.settle(30)
+        guard.rows((view,), [0])
+        assert not guard.copying  # whole: reads check nothing any more
+        np.testing.assert_array_equal(view, rows)
+    finally:
+        hold.gate.set()
+        move.settle(30)
+    del out, view, mm
+    gc.collect()
+
+
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("method", METHODS)
-def test_workers_start_while_the_data_is_copied_and_map_it_only_once_whole(method: str, monkeypatch: Any) -> None:
-    # the copy into shared memory is written by a thread while the workers start (they import
-    # for ~0.5-1.5 s): a worker receives the segment at once and maps it only once it is sealed
+def test_a_users_dataset_reads_its_arrays_only_once_they_are_whole(method: str, monkeypatch: Any) -> None:
+    # a user's class holding a numpy array reads it where conveyor cannot check its reads: the
+    # worker maps the segment at once, and waits for every byte of the array before unpickling
+    # its dataset further (no batch comes while the copy is held)
     import threading
 
     import psutil
 
-    gate = threading.Event()
-    real = share._write
-    watched: dict[str, Any] = {}
-
-    def held(fd: int, a: np.ndarray, order: str) -> None:
-        half = len(a) // 2
-        real(fd, a[:half], order)  # (the first half written: what a worker must not read yet)
-        gate.wait(120)
-        watched["main"] = threading.current_thread() is threading.main_thread()
-        real(fd, a, order)
+    hold = _Hold(at=2)
+    monkeypatch.setattr(move, "CHUNK", 64 << 10)
+    monkeypatch.setattr(move, "on_chunk", hold)
 
     def release() -> None:
-        # the worker has its descriptor and has imported numpy (it is unpickling its dataset);
-        # for as long as the copy is held it must not map the segment
         def waiting() -> list[int]:
             return [p.pid for p in psutil.Process().children(recursive=True)
                     if _holds_fd_to_memfd(p.pid) and _has_imported_numpy(p.pid)]
 
+        # the worker has the segment and is unpickling its dataset: a worker that did not
+        # wait would send its batch meanwhile
         if wait_until(lambda: bool(waiting()), 90):
-            pid = waiting()[0]
-            watched["mapped_while_held"] = any(bool(memfd_maps(pid)) for _ in range(20) if not gate.wait(0.05))
-        gate.set()
+            hold.gate.wait(1.0)
+        hold.gate.set()
 
-    monkeypatch.setattr(share, "_write", held)
-    rows = np.arange(ROWS * 2048, dtype=np.uint32).reshape(ROWS * 2, 1024).astype(np.uint8) + 1  # 2 MiB, no zeros
-    ds = conveyor.ArrayDataset(rows)
+    rows = _distinct_rows(ROWS * 2)
     helper = threading.Thread(target=release)
     helper.start()
     try:
-        with loader(ds, method, batch_size=256) as dl:
-            got = np.concatenate([np.asarray(b[0]) for b in dl])
+        with loader(Plain(rows), method, batch_size=256) as dl:
+            it = iter(dl)
+            first = next(it)
+            released_first = hold.gate.is_set()
+            got = np.concatenate([np.asarray(b) for b in [first, *it]])
     finally:
-        gate.set()
+        hold.gate.set()
         helper.join(60)
-    assert watched.get("main") is False  # written by a thread of its own, not the one starting workers
-    assert watched.get("mapped_while_held") is False, watched
-    np.testing.assert_array_equal(got, rows)  # every row whole: none read half-written
-    assert share.located(ds.arrays[0]) is not None  # the dataset took the copy once it was whole
+    assert hold.held > 0 and released_first
+    np.testing.assert_array_equal(got, rows)
 
 
 @pytest.mark.timeout(120)
-def test_a_failed_copy_reaches_the_user_and_no_worker_reads_it(monkeypatch: Any) -> None:
+@pytest.mark.parametrize("at", [0, 8], ids=["first-chunk", "later-chunk"])
+def test_a_failed_copy_reaches_the_user_and_no_worker_reads_it(at: int, monkeypatch: Any) -> None:
     import errno
 
     from conveyor.errors import StartupError
 
-    def fails(fd: int, a: np.ndarray, order: str) -> None:
-        os.pwrite(fd, b"\1" * 4096, 0)
-        raise OSError(errno.ENOSPC, "No space left on device (test)")
+    def fails(m: Any, k: int, wanted: bool) -> bool:
+        if k >= at:
+            raise OSError(errno.ENOSPC, "No space left on device (test)")
+        return True
 
     before = Snapshot.take()
-    monkeypatch.setattr(share, "_write", fails)
+    monkeypatch.setattr(move, "CHUNK", 64 << 10)
+    monkeypatch.setattr(move, "on_chunk", fails)
     rows = np.ones((ROWS * 2, 1024), dtype=np.uint8)
     ds = conveyor.ArrayDataset(rows)
     dl = loader(ds, "spawn", num_workers=2)
@@ -455,3 +561,94 @@ def test_a_failed_copy_reaches_the_user_and_no_worker_reads_it(monkeypatch: Any)
     del dl, err, caught
     gc.collect()
     assert_no_leaks(before)
+
+
+def test_the_rows_of_tasks_sent_while_copying_are_copied_first(monkeypatch: Any) -> None:
+    # the dispatcher tells the copy each task's rows (lists or numpy arrays of indices) before
+    # sending it: their chunks come next, task by task, before the chunks in order
+    from conveyor.executors.task import Task
+
+    monkeypatch.setattr(move, "CHUNK", 4 << 10)  # 4 rows a chunk
+    rows = _distinct_rows(ROWS)
+    ds = conveyor.ArrayDataset(rows)
+    out, m = move.copy_soon(rows)  # (as adopt makes it, its thread not started yet)
+    move.track(rows, out)
+    try:
+        move.prefer(ds, [Task(0, 0, np.array([1001, 9])), Task(1, 0, [400, 401, 402])])
+        assert list(m.wanted) == [2, 250, 100]
+        assert m.next_chunk() == (2, True)
+    finally:
+        move.start([m], None)
+        assert move.settle(30)
+    np.testing.assert_array_equal(out, rows)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("method", METHODS)
+def test_the_copy_writes_only_wanted_chunks_until_a_worker_has_started(method: str, monkeypatch: Any) -> None:
+    # on few cores the copy would take a core from the starting workers: until one has
+    # started it writes only the chunks the tasks sent want (what the first batches read)
+    monkeypatch.setattr(move, "HOLD_S", 60.0)
+    monkeypatch.setattr(move, "CHUNK", 64 << 10)
+    seen: list[tuple[bool, bool]] = []
+
+    def hook(m: Any, k: int, wanted: bool) -> bool:
+        seen.append((wanted, move.workers_started()))
+        return True
+
+    monkeypatch.setattr(move, "on_chunk", hook)
+    rows = _distinct_rows(ROWS * 2)
+    with loader(conveyor.ArrayDataset(rows), method, num_workers=2, batch_size=64) as dl:
+        got = np.concatenate([np.asarray(b[0]) for b in dl])
+    np.testing.assert_array_equal(got, rows)
+    assert any(not wanted for wanted, _ in seen)  # (the rest, in order, once one had started)
+    assert all(wanted or started for wanted, started in seen), seen
+
+
+@pytest.mark.timeout(60)
+def test_a_string_array_read_while_copied_waits_for_its_strings_bytes(monkeypatch: Any) -> None:
+    # a StringArray's read in a worker checks the chunks of the offsets and of the bytes its
+    # strings lie in: the early strings read at once, a late one waits for its bytes
+    import threading
+
+    from conveyor.datasets import StringArray
+    from conveyor.datasets.strings import _from_buffers
+    from conveyor.transport import guard
+
+    hold = _Hold(at=2)
+    monkeypatch.setattr(move, "CHUNK", 4 << 10)
+    monkeypatch.setattr(move, "on_chunk", hold)
+    words = [f"{i:06d}" * (1 + i % 7) for i in range(40_000)]  # ~1.1 MB of bytes, 320 KB of offsets
+    sa = StringArray(words)
+    data, offsets = np.ascontiguousarray(sa.data), np.ascontiguousarray(sa.offsets)
+    moves, views = [], []
+    for a in (data, offsets):
+        out, m = move.copy_soon(a)
+        moves.append((out, m))
+    for _, m in moves:
+        move.start([m], None)  # (a thread each: the hold on one leaves the other going)
+    try:
+        for (out, m), a in zip(moves, (data, offsets)):
+            fd, ready = os.dup(m.fd), os.dup(m.ready)
+            try:
+                mm = guard.attach(fd, m.size, ready, m.layout())
+            finally:
+                os.close(fd)
+            views.append(np.ndarray(a.shape, dtype=a.dtype, buffer=mm))
+        worker_side = _from_buffers(views[0], views[1])
+        assert worker_side[0] == words[0] and worker_side.take([1, 0]).tolist() == words[1::-1]
+        late = len(words) - 3  # its offsets and bytes lie in chunks the copy holds
+        waited = guard.waits
+        got: list[str] = []
+        reader = threading.Thread(target=lambda: got.append(worker_side[late]))
+        reader.start()
+        assert wait_until(lambda: guard.waits > waited, 30)
+        assert not got
+        hold.gate.set()
+        reader.join(30)
+        assert got == [words[late]]
+        assert move.settle(30)
+        assert worker_side.tolist() == words
+    finally:
+        hold.gate.set()
+        move.settle(30)

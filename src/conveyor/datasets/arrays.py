@@ -19,7 +19,7 @@ import numpy as np
 
 from conveyor import _torch
 from conveyor.datasets.base import Dataset
-from conveyor.transport import share
+from conveyor.transport import guard, move, share
 
 __all__ = ["ArrayDataset"]
 
@@ -45,8 +45,6 @@ class ArrayDataset(Dataset[tuple[Any, ...]]):
     collated_getitems = False
     """``__getitems__`` returns a list of samples, not an already collated batch."""
 
-    arrays: tuple[Any, ...]
-
     def __init__(self, *arrays: Any) -> None:
         if not arrays:
             raise ValueError("ArrayDataset needs at least one array")
@@ -66,25 +64,52 @@ class ArrayDataset(Dataset[tuple[Any, ...]]):
     def __len__(self) -> int:
         return self._length
 
+    @property
+    def arrays(self) -> tuple[Any, ...]:
+        """The arrays, as passed in (or their shared copies, once the dataset was sent to
+        spawned or forkserver workers). In such a worker, while the main process is still
+        copying them, this waits until they are whole (the dataset's own reads wait only
+        for the rows they read)."""
+        if guard.copying:
+            guard.whole(self._arrays)
+        return self._arrays
+
+    @arrays.setter
+    def arrays(self, arrays: tuple[Any, ...]) -> None:
+        self._arrays = arrays
+
     def _conveyor_ship_(self) -> Any:
         """Sent to a spawned or forkserver worker: large numpy arrays move, once, into shared
         memory that this dataset keeps as its data from then on, and travel by reference
-        (``conveyor.transport.share``). The dataset then holds its own copy: changes made
-        afterwards to an array passed in no longer show in it."""
-        share.adopt(self.arrays, then=self._take_copies)
-        return NotImplemented
+        (``conveyor.transport.share``), marked as read through this dataset's checks while
+        they are being copied. The dataset then holds its own copy: changes made afterwards
+        to an array passed in no longer show in it."""
+        share.adopt(self._arrays, then=self._take_copies)
+        state = dict(self.__dict__)
+        state["_arrays"] = tuple(share.Guarded(a) for a in self._arrays)
+        return (share.revive, (type(self), state))
+
+    def _conveyor_first_(self, indices: list[int]) -> None:
+        """The loader is about to ask for these rows while the arrays are being copied: their
+        bytes are copied first."""
+        for a in self._arrays:
+            move.want(a, indices)
 
     def _take_copies(self, copies: tuple[Any, ...]) -> None:
         """The shared copies are whole: they are this dataset's data from now on (the arrays
         passed in are let go)."""
-        self.arrays = copies
+        self._arrays = copies
 
     def __getitem__(self, index: int) -> tuple[Any, ...]:
-        return tuple(a[index] for a in self.arrays)
+        if guard.copying:
+            guard.rows(self._arrays, (index,) if isinstance(index, (int, np.integer)) else None)
+        return tuple(a[index] for a in self._arrays)
 
     def __getitems__(self, indices: list[int]) -> list[tuple[Any, ...]]:
         """One sample tuple per index, cut from one gather per array."""
-        columns = [_take(a, indices) for a in self.arrays]
+        if guard.copying:
+            guard.rows(self._arrays, indices)
+        columns = [_take(a, indices) for a in self._arrays]
         return list(zip(*columns, strict=True))
 
     def gather(self, indices: Sequence[int], output: Output = "auto") -> list[Any]:
@@ -101,7 +126,9 @@ class ArrayDataset(Dataset[tuple[Any, ...]]):
             output = "torch" if _torch.available() else "numpy"
         if output not in ("torch", "numpy"):
             raise ValueError(f"output must be 'auto', 'torch' or 'numpy', got {output!r}")
-        batch = _take_all(self.arrays, indices)
+        if guard.copying:
+            guard.rows(self._arrays, indices)
+        batch = _take_all(self._arrays, indices)
         if output == "numpy":
             return [b.numpy() if _torch.is_tensor(b) else b for b in batch]
         torch = _torch.get()

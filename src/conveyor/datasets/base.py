@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar, runtime_check
 import numpy as np
 
 from conveyor import _torch
+from conveyor.transport import guard
 
 if TYPE_CHECKING:
     import torch
@@ -141,31 +142,55 @@ class TensorDataset(Dataset[tuple[Any, ...]]):
     (array([2, 3]), np.int64(1))
     """
 
-    tensors: tuple[Any, ...]
-
     def __init__(self, *tensors: Any) -> None:
         first = _first_dim(tensors[0])
         if any(_first_dim(t) != first for t in tensors):
             raise AssertionError("Size mismatch between tensors")
         self.tensors = tensors
 
+    @property
+    def tensors(self) -> tuple[Any, ...]:
+        """The tensors (or arrays). In a spawned or forkserver worker, while the main process
+        is still copying its numpy arrays into shared memory, this waits until they are whole
+        (the dataset's own reads wait only for the rows they read)."""
+        if guard.copying:
+            guard.whole(self._tensors)
+        return self._tensors
+
+    @tensors.setter
+    def tensors(self, tensors: tuple[Any, ...]) -> None:
+        self._tensors = tensors
+
     def __getitem__(self, index: Any) -> tuple[Any, ...]:
-        return tuple(t[index] for t in self.tensors)
+        if guard.copying:
+            guard.rows(self._tensors, (index,) if isinstance(index, (int, np.integer)) else None)
+        return tuple(t[index] for t in self._tensors)
 
     def __len__(self) -> int:
-        return _first_dim(self.tensors[0])
+        return _first_dim(self._tensors[0])
 
     def _conveyor_ship_(self) -> Any:
         """Sent to a spawned or forkserver worker: large numpy arrays move, once, into shared
-        memory kept as this dataset's data (tensors go to shared memory through torch)."""
+        memory kept as this dataset's data (tensors go to shared memory through torch), read
+        through this dataset's checks while they are being copied."""
         from conveyor.transport import share
 
-        share.adopt(tuple(self.tensors), then=self._take_copies)
-        return NotImplemented
+        share.adopt(tuple(self._tensors), then=self._take_copies)
+        state = dict(self.__dict__)
+        state["_tensors"] = tuple(share.Guarded(t) for t in self._tensors)
+        return (share.revive, (type(self), state))
+
+    def _conveyor_first_(self, indices: list[int]) -> None:
+        """The loader is about to ask for these rows while the arrays are being copied: their
+        bytes are copied first."""
+        from conveyor.transport import move
+
+        for t in self._tensors:
+            move.want(t, indices)
 
     def _take_copies(self, copies: tuple[Any, ...]) -> None:
         """The shared copies are whole: this dataset's data from now on."""
-        self.tensors = copies
+        self._tensors = copies
 
 
 class StackDataset(Dataset[Any]):
@@ -315,6 +340,12 @@ class Subset(Dataset[T_co]):
         if isinstance(idx, list):
             return self.dataset[[self.indices[i] for i in idx]]
         return self.dataset[self.indices[idx]]
+
+    def _conveyor_first_(self, indices: list[int]) -> None:
+        """The loader is about to ask for these items while the data is being copied."""
+        from conveyor.transport import move
+
+        move.rows_first(self.dataset, [self.indices[i] for i in indices])
 
     def __getitems__(self, indices: list[int]) -> Any:
         mapped = [self.indices[i] for i in indices]

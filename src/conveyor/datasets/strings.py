@@ -22,7 +22,7 @@ from typing import Any, SupportsIndex, overload
 
 import numpy as np
 
-from conveyor.transport import share
+from conveyor.transport import guard, move, share
 
 __all__ = ["StringArray"]
 
@@ -90,12 +90,26 @@ class StringArray(Sequence[str]):
     @property
     def data(self) -> np.ndarray:
         """The read-only UTF-8 byte buffer (may extend past this array's strings)."""
+        if guard.copying:
+            guard.whole((self._data,))
         return self._data
 
     @property
     def offsets(self) -> np.ndarray:
         """The read-only int64 offsets, one more than there are strings."""
+        if guard.copying:
+            guard.whole((self._offsets,))
         return self._offsets
+
+    def _ready(self, idx: Any) -> None:
+        """Wait (in a worker, while the buffers are being copied) for the strings ``idx``
+        (None: all of them)."""
+        if idx is None:
+            guard.whole((self._data, self._offsets))
+            return
+        idx = np.asarray(idx, dtype=np.int64)
+        guard.rows((self._offsets,), np.concatenate((idx, idx + 1)))
+        guard.between(self._data, self._offsets[idx], self._offsets[idx + 1])
 
     @property
     def nbytes(self) -> int:
@@ -130,6 +144,8 @@ class StringArray(Sequence[str]):
             i += n
         if not 0 <= i < n:
             raise IndexError(f"StringArray index {index} out of range for length {n}")
+        if guard.copying:
+            self._ready((i,))
         offsets = self._offsets
         return str(memoryview(self._data)[offsets[i] : offsets[i + 1]], "utf-8", _ERRORS)
 
@@ -144,6 +160,8 @@ class StringArray(Sequence[str]):
         idx = np.where(idx < 0, idx + n, idx)
         if idx.size and (idx.min() < 0 or idx.max() >= n):
             raise IndexError(f"StringArray index out of range for length {n}")
+        if guard.copying:
+            self._ready(idx)
         starts, ends = self._offsets[idx], self._offsets[idx + 1]
         lengths = ends - starts
         offsets = np.zeros(len(idx) + 1, dtype=np.int64)
@@ -155,6 +173,8 @@ class StringArray(Sequence[str]):
         return out
 
     def __iter__(self) -> Iterator[str]:
+        if guard.copying:
+            self._ready(None)
         view = memoryview(self._data)
         bounds = self._offsets.tolist()
         for start, end in zip(bounds[:-1], bounds[1:]):
@@ -166,6 +186,8 @@ class StringArray(Sequence[str]):
 
     def _packed(self) -> tuple[np.ndarray, np.ndarray]:
         """Buffers trimmed to this array's own bytes, offsets starting at 0."""
+        if guard.copying:
+            self._ready(None)
         first, last = int(self._offsets[0]), int(self._offsets[-1])
         if first == 0 and last == len(self._data):
             return self._data, self._offsets
@@ -185,7 +207,15 @@ class StringArray(Sequence[str]):
         """Sent to a spawned or forkserver worker: the two buffers move, once, into shared
         memory this array keeps, and travel by reference (``conveyor.transport.share``)."""
         share.adopt((self._data, self._offsets), then=self._take_copies)
-        return (_from_buffers, (self._data, self._offsets))
+        return (_from_buffers, (share.Guarded(self._data), share.Guarded(self._offsets)))
+
+    def _conveyor_first_(self, indices: list[int]) -> None:
+        """The loader is about to ask for these strings while the buffers are being copied:
+        their bytes are copied first."""
+        idx = np.asarray(indices, dtype=np.int64)
+        idx = np.where(idx < 0, idx + len(self), idx)
+        move.want(self._offsets, np.concatenate((idx, idx + 1)))
+        move.want_bytes(self._data, self._offsets[idx], self._offsets[idx + 1])
 
     def _take_copies(self, copies: tuple[np.ndarray, np.ndarray]) -> None:
         """The shared copies are whole: this array's buffers from now on."""

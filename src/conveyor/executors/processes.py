@@ -23,7 +23,7 @@ from .. import transport
 from .._platform import process
 from .._platform.signals import hold_ctrl_c
 from ..errors import StartupError, rebuild
-from ..transport import share
+from ..transport import move, share
 from .base import Event, Executor, Ledger
 from . import starting, stopping
 from .received import Received
@@ -171,6 +171,9 @@ class ProcessExecutor(Executor):
         assert wk is not None
         # tasks counted as held and never sent (a Ctrl-C between the two) would keep the worker
         # counted busy for good; ``send`` itself finishes a frame before raising one
+        if move.active:
+            # the dataset's arrays are still being copied into shared memory: these rows first
+            move.prefer(self.spec.dataset, tasks)
         with hold_ctrl_c():
             self.ledger.add(worker, tasks)
             freed = self.received.freed_for(worker, wk.gen)
@@ -253,6 +256,8 @@ class ProcessExecutor(Executor):
             if type(msg) is tuple or type(msg) is list:
                 for fields in msg if type(msg) is list else (msg,):
                     result = _result(fields)
+                    if result.failure is not None and move.failed():
+                        raise self._startup_error(w, wk)  # it read rows the failed copy never wrote
                     self._note(w, wk, result)
                     events.append(result)
             elif hellos and isinstance(msg, Hello):
@@ -263,6 +268,7 @@ class ProcessExecutor(Executor):
             raise rebuild(msg.failure)
         wk.ready = True
         wk.pid = msg.pid
+        move.started()  # a copy into shared memory held back for the workers' start goes on
 
     @property
     def ready(self) -> int:
@@ -272,12 +278,15 @@ class ProcessExecutor(Executor):
     def _startup_error(self, w: int, wk: _Worker) -> StartupError:
         code = wk.proc.exitcode
         hint = "" if self.method == "fork" else " " + starting.startup_hint(self.spec, self.method)
-        moved = share.failure()  # the copy of the dataset's arrays into shared memory failed: the workers stop
+        moved = move.failure()  # the copy of the dataset's arrays into shared memory failed: the workers stop
         if moved is not None:
             hint = f" The main process could not copy the dataset's arrays into shared memory: {moved!r}."
         # torch's words first ("DataLoader worker (pid 12) exited unexpectedly"): users match on them
-        err = StartupError(f"DataLoader worker (pid {wk.proc.pid}) exited unexpectedly during start-up with exit "
-                           f"code {code} (worker {w}).{hint}")
+        if code is None:  # alive: it read rows of the dataset that the failed copy never wrote
+            err = StartupError(f"DataLoader worker (pid {wk.proc.pid}) could not read the dataset (worker {w}).{hint}")
+        else:
+            err = StartupError(f"DataLoader worker (pid {wk.proc.pid}) exited unexpectedly during start-up with "
+                               f"exit code {code} (worker {w}).{hint}")
         err.__cause__ = moved
         return err
 
