@@ -84,10 +84,7 @@ class ArrayDataset(Dataset[tuple[Any, ...]]):
         (``conveyor.transport.share``), marked as read through this dataset's checks while
         they are being copied. The dataset then holds its own copy: changes made afterwards
         to an array passed in no longer show in it."""
-        share.adopt(self._arrays, then=self._take_copies)
-        state = dict(self.__dict__)
-        state["_arrays"] = tuple(share.Guarded(a) for a in self._arrays)
-        return (share.revive, (type(self), state))
+        return share.ship_container(self, "_arrays", self._take_copies)
 
     def _conveyor_first_(self, indices: list[int]) -> None:
         """The loader is about to ask for these rows while the arrays are being copied: their

@@ -175,10 +175,7 @@ class TensorDataset(Dataset[tuple[Any, ...]]):
         through this dataset's checks while they are being copied."""
         from conveyor.transport import share
 
-        share.adopt(tuple(self._tensors), then=self._take_copies)
-        state = dict(self.__dict__)
-        state["_tensors"] = tuple(share.Guarded(t) for t in self._tensors)
-        return (share.revive, (type(self), state))
+        return share.ship_container(self, "_tensors", self._take_copies)
 
     def _conveyor_first_(self, indices: list[int]) -> None:
         """The loader is about to ask for these rows while the arrays are being copied: their

@@ -57,7 +57,7 @@ from . import segment as segments
 from .move import pending, place, settle
 from .spans import located
 
-__all__ = ["MIN_BYTES", "Guarded", "Registry", "Shipped", "adopt", "adopt_one", "located", "pending", "place",
+__all__ = ["ship_container", "MIN_BYTES", "Guarded", "Registry", "Shipped", "adopt", "adopt_one", "located", "pending", "place",
            "revive", "settle"]
 
 # arrays smaller than this are pickled as they are: a mapping per worker (a descriptor, a
@@ -163,6 +163,18 @@ class Guarded:
 
 def _same(a: Any) -> Any:
     return a
+
+
+def ship_container(owner: Any, name: str, then: Any) -> tuple[Any, ...]:
+    """What a container whose rows are the arrays in its attribute ``name`` sends a spawned
+    or forkserver worker (``_conveyor_ship_``): the arrays moved, once, into shared memory
+    (``adopt``: ``then(copies)`` once they are whole), its other attributes as they are, and
+    the arrays marked as read through its own checks while they are being copied."""
+    arrays = tuple(getattr(owner, name))
+    adopt(arrays, then=then)
+    state = dict(owner.__dict__)
+    state[name] = tuple(Guarded(a) for a in arrays)
+    return (revive, (type(owner), state))
 
 
 def revive(cls: type, state: dict[str, Any]) -> Any:
