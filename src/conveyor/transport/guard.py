@@ -23,7 +23,8 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["FAILED", "HEADER", "WHOLE", "CopyFailed", "attach", "between", "copying", "fence", "rows", "whole"]
+__all__ = ["FAILED", "HEADER", "WHOLE", "CopyFailed", "attach", "between", "copying", "fence", "in_range", "rows",
+           "spanned", "whole"]
 
 HEADER = 64  # bytes of the progress map before its marks
 WHOLE = 0  # header byte: every byte is written and the segment sealed
@@ -66,15 +67,13 @@ class _Guard:
         if a.ndim == 0 or not a.flags.c_contiguous or a.size == 0 or indices is None:
             span = max(1, a.nbytes)
             return np.arange(base // c, (base + span - 1) // c + 1)
-        idx = np.asarray(indices, dtype=np.int64).reshape(-1)
-        n = len(a)
-        idx = np.clip(np.where(idx < 0, idx + n, idx), 0, n - 1)
+        idx = in_range(indices, len(a))
         row = a.strides[0]
         lo = base + idx * row
         first, last = lo // c, (lo + row - 1) // c
         if row <= c:  # a row lies in at most two chunks
             return np.concatenate((first, last))
-        return _each(first, last)
+        return spanned(first, last)
 
     def chunks_between(self, a: np.ndarray, lo: Any, hi: Any) -> np.ndarray:
         """The chunks of the elements ``lo[i]:hi[i]`` of the 1-D contiguous ``a``."""
@@ -85,7 +84,7 @@ class _Guard:
         keep = hi > lo
         lo, hi = lo[keep], hi[keep]
         n = a.itemsize
-        return _each((base + lo * n) // self.chunk, (base + hi * n - 1) // self.chunk)
+        return spanned((base + lo * n) // self.chunk, (base + hi * n - 1) // self.chunk)
 
     def wait(self, ks: np.ndarray) -> None:
         global waits
@@ -109,8 +108,15 @@ class _Guard:
         fence()
 
 
-def _each(first: np.ndarray, last: np.ndarray) -> np.ndarray:
-    """Every k with first[i] <= k <= last[i] for some i."""
+def in_range(indices: Any, n: int) -> np.ndarray:
+    """Row numbers ``indices`` of an array of ``n`` rows as int64, negative ones counted from
+    the end, out-of-range ones clipped (the read itself raises for those)."""
+    idx = np.asarray(indices, dtype=np.int64).reshape(-1)
+    return np.clip(np.where(idx < 0, idx + n, idx), 0, n - 1)
+
+
+def spanned(first: np.ndarray, last: np.ndarray) -> np.ndarray:
+    """Every k with first[i] <= k <= last[i] for some i, range after range."""
     count = last - first + 1
     steps = np.arange(int(count.sum())) - np.repeat(np.cumsum(count) - count, count)
     return np.repeat(first, count) + steps

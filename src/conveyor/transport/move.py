@@ -169,9 +169,7 @@ class Move:
         lo = np.asarray(lo, dtype=np.int64)
         first = lo // c
         last = np.minimum((np.maximum(np.asarray(hi, dtype=np.int64), lo + 1) - 1) // c, self.nchunks - 1)
-        count = np.maximum(last - first + 1, 1)
-        steps = np.arange(int(count.sum())) - np.repeat(np.cumsum(count) - count, count)
-        ks = np.unique(np.repeat(first, count) + steps)  # every chunk of every range, in order
+        ks = np.unique(guard.spanned(first, np.maximum(last, first)))  # every chunk of every range, in order
         with _lock:
             self.wanted.extend(int(k) for k in ks if not self.copied[k])
         _nudge.set()
@@ -183,8 +181,7 @@ class Move:
         if self.order != "C" or not self.nbytes or source is None:
             return
         shape = source.shape
-        idx = np.asarray(rows, dtype=np.int64).reshape(-1)
-        idx = np.clip(np.where(idx < 0, idx + shape[0], idx), 0, shape[0] - 1)
+        idx = guard.in_range(rows, shape[0])
         row = self.nbytes // shape[0]
         self.want_bytes(idx * row, idx * row + row)
 
