@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+import conveyor.executors.fetcher
 import conveyor.loader
 import conveyor.placement.probe
 import conveyor.placement.rules
@@ -213,6 +214,17 @@ def test_a_waiting_first_batch_starts_the_workers_before_it_ends() -> None:
     assert stats["main_process_batches"] == 1
 
 
+def _off_core_is_preemption(monkeypatch: pytest.MonkeyPatch) -> None:
+    """For a dataset that only computes (never blocks): count every moment the main thread
+    spends off its core as waiting for one, so the probe reads such batches as computing
+    whatever the machine's schedule. A hypervisor's steal is in no clock the guest keeps per
+    thread: on a shared VM a first batch of 1 ms samples read as waiting and forked the
+    workers after its first sample. Set before the loader is built (a fetcher binds its clock)."""
+    monkeypatch.setattr(conveyor.placement.probe, "_runqueue_wait", lambda: time.perf_counter() - time.thread_time())
+    # thread CPU + time off the core = wall time
+    monkeypatch.setattr(conveyor.executors.fetcher, "thread_demand", time.perf_counter)
+
+
 class Computes:
     """64 samples, each burning 1 ms of CPU; notes (index, live workers) of those made here."""
 
@@ -232,11 +244,12 @@ class Computes:
 
 
 @pytest.mark.timeout(60)
-def test_a_computing_first_batch_starts_the_workers_for_the_second() -> None:
+def test_a_computing_first_batch_starts_the_workers_for_the_second(monkeypatch: pytest.MonkeyPatch) -> None:
     # each sample burns 1 ms of CPU: the first batch (8 ms, under the 25 ms a first batch may
     # take for one-time costs) is made here as a probe. Preemption cannot make a batch burn
     # CPU, so the workers are forked as the second probe starts and make the batches after it
-    # while it is made here; they used to wait until it had ended.
+    # while it is made here, not after it has ended.
+    _off_core_is_preemption(monkeypatch)
     ds = Computes()
     with DataLoader(ds, batch_size=8, num_workers=2, adaptive=True, output="numpy") as loader:
         got = _all(loader)
@@ -1086,10 +1099,12 @@ def test_ranks_that_leave_no_core_start_workers_only_for_batches_that_wait(monke
     # 4 DDP ranks on 2 cores, a computing dataset: "auto" started a worker a rank, which took
     # the training loop's core (1.02-1.08 s where no workers took 0.81)
     monkeypatch.setenv("LOCAL_WORLD_SIZE", str(2 * conveyor.placement.usable_cores()))
-    with DataLoader(Computes(), batch_size=8, num_workers="auto", output="numpy") as loader:
-        got = _all(loader)
-        chosen = loader.tuning()
-        started = loader.stats()["workers_started"]
+    with monkeypatch.context() as computing:
+        _off_core_is_preemption(computing)
+        with DataLoader(Computes(), batch_size=8, num_workers="auto", output="numpy") as loader:
+            got = _all(loader)
+            chosen = loader.tuning()
+            started = loader.stats()["workers_started"]
     assert np.array_equal(got, np.arange(64))
     assert not started and chosen is not None and chosen["num_workers"] == 0, chosen
     assert "training processes share this machine's" in chosen["reason"], chosen
