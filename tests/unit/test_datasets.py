@@ -559,3 +559,45 @@ def test_string_array_pickles_as_buffers() -> None:
     buf = io.BytesIO()
     pickle.dump(arr, buf)
     assert pickle.loads(buf.getvalue())[49_999] == paths[-1]
+
+
+def test_which_datasets_are_streams() -> None:
+    # the loader's test: torch's (isinstance of its IterableDataset), conveyor's, and an object
+    # that can only be iterated; a class without __iter__ is never asked the isinstance checks
+    import torch
+
+    from conveyor.config import is_iterable_dataset
+
+    class Stream(IterableDataset):
+        def __iter__(self) -> Any:
+            return iter(range(3))
+
+    class TorchStream(torch.utils.data.IterableDataset):
+        def __iter__(self) -> Any:
+            return iter(range(3))
+
+    class IndexedStream(Stream):  # a stream that can also be indexed stays a stream
+        def __getitem__(self, i: int) -> int:
+            return i
+
+    class Both:  # neither base: indexing wins, as torch treats any non-IterableDataset as map-style
+        def __iter__(self) -> Any:
+            return iter(range(3))
+
+        def __getitem__(self, i: int) -> int:
+            return i
+
+    class OnlyIter:
+        def __iter__(self) -> Any:
+            return iter(range(3))
+
+    class Map:
+        def __len__(self) -> int:
+            return 3
+
+        def __getitem__(self, i: int) -> int:
+            return i
+
+    for ds, stream in ((Stream(), True), (TorchStream(), True), (IndexedStream(), True), (OnlyIter(), True),
+                       (Both(), False), (Map(), False), ([1, 2, 3], False), (TensorDataset(np.arange(3)), False)):
+        assert is_iterable_dataset(ds) is stream, type(ds).__name__
