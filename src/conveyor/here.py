@@ -89,11 +89,9 @@ def lean_next(run: Run) -> Any:
     """``__next__`` for batches the main process makes by the quick path, with nothing
     in flight, nothing to skip or drop and no tuner to feed. The general path's checks
     cost a few microseconds a batch, in this loop and in the training step after it
-    (whose memory they push out of the caches): on diabetes_train, a ~280 us step, they
-    were part of a 2-3% gap to torch's loader without workers (next() 106-108 -> 103-106
-    us a batch here). The stats take five numbers a batch and catch up when read
-    (``Stats.made_here``): 15 alternated fresh runs, conveyor0 against torch0 went from
-    1.6% to 0.9% slower over 10 epochs."""
+    (whose memory they push out of the caches); the stats take five numbers a batch and
+    catch up when read (``Stats.made_here``). See
+    docs/decisions/lean-path-for-main-process-batches.md."""
     if run.finished:
         raise StopIteration
     asked = time.perf_counter()

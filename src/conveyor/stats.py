@@ -214,12 +214,10 @@ class Stats:
         got at ``got``) with nothing else going on: ``result(INLINE, ...)`` then ``handed``,
         folded in later.
 
-        On diabetes_train (a ~260 us step, ~100 us batches) bookkeeping a batch as it went
-        took ~3-4 us, and as much again in the training step after it, whose memory it
-        pushed out of the caches. One ``extend`` here; the totals and the trace catch up on
-        the next read, or every ``PENDING_MAX`` batches. (What is left of the gap to torch's
-        loader without workers, ~1.5% in fresh processes, is not this: the step after
-        ``next()`` still runs a few microseconds slower, with this switched off too.)"""
+        Bookkeeping a batch as it went cost as much again in the training step after it,
+        whose memory it pushed out of the caches: one ``extend`` here, and the totals and
+        the trace catch up on the next read, or every ``PENDING_MAX`` batches
+        (docs/decisions/lean-path-for-main-process-batches.md)."""
         pending = self.pending
         pending.extend((start, end, asked, got, size))
         if len(pending) >= 5 * PENDING_MAX:
