@@ -39,9 +39,9 @@ def _cgroup_dirs(controller: str, root: str = CGROUP_ROOT, table: str = "/proc/s
     directory): ``"2"`` for the unified hierarchy, ``"1"`` for v1's controller (under its own
     mount). A container's cgroup namespace shows its own cgroup as "/"; a v1 path that is
     not there (no namespace) falls back to the mount's root. Only the controller's own
-    hierarchy is walked: every file opened on cgroupfs costs ~15 us, and a v1 host's memory
-    and cpuacct lines had the quota read looked for in 7 directories (0.2 ms of an "auto"
-    loader's construction) where 3 can hold it."""
+    hierarchy is walked: every file opened on cgroupfs costs ~15 us, and on a v1 host the
+    memory and cpuacct lines add directories a CPU quota cannot be in (7 to look in where 3
+    can hold it: 0.2 ms of an "auto" loader's construction)."""
     raw = _read_bytes(table)
     if raw is None:
         return []
