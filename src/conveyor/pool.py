@@ -137,7 +137,7 @@ class Pool:
             with hold_ctrl_c():
                 me = weakref.ref(self)
                 ex = self.launcher.start(self.spec, lambda: getattr(me(), "spec", None), self.num_workers,
-                                         self.probe.loop_stats.shipping.shipped)
+                                         self.probe.loop_stats.shipping)
                 self._holder.append(ex)
             if self.dead:  # close() from another thread while they started: nothing else closes them
                 ex.close()
@@ -235,7 +235,7 @@ class Launcher:
         self.finalizer = weakref.finalize(pool, close_all, self.closers)
         self.started_at = 0.0  # when the workers were started
 
-    def start(self, spec: Any, spec_of: Callable[[], Any], num_workers: int, shipped: Any) -> Any:
+    def start(self, spec: Any, spec_of: Callable[[], Any], num_workers: int, shipping: Any) -> Any:
         """Start ``num_workers`` workers (``spec_of``: the pool's spec as it is when a process
         worker starts, None once the pool is gone); the finalizer closes them."""
         if self.worker_type == "thread":
@@ -247,7 +247,7 @@ class Launcher:
             first, self.forked[:] = not self.forked, [True]
             ex = ProcessExecutor(spec_of, num_workers, self.context, pinner=self.pinner,
                                  private_files=lambda: inherit.opened_since(mark[0] if mark else None),
-                                 collect=first, shipped=shipped)
+                                 collect=first, shipping=shipping)
         self.closers.append(ex)
         self.started_at = time.perf_counter()
         return ex

@@ -161,6 +161,25 @@ def _pickled_dataset(snap: dict[str, Any]) -> str | None:
             f"forkserver workers map from shared memory, or use multiprocessing_context='fork'{once}")
 
 
+def _copied_arrays(snap: dict[str, Any]) -> str | None:
+    """Did the pools copy a user's own numpy arrays into shared memory for spawned or
+    forkserver workers? Arrays no conveyor container holds are copied by each pool, once for
+    all its workers, and the workers wait for them whole (their reads cannot be checked
+    chunk by chunk); the main process holds them twice meanwhile. What it cost, and what to do."""
+    copies = int(snap.get("dataset_copies") or 0)
+    seconds = float(snap.get("dataset_copied_s") or 0.0)
+    nbytes = int(snap.get("dataset_copied_bytes") or 0)
+    if not copies or (seconds < PICKLE_S and nbytes < PICKLE_BYTES):
+        return None
+    again = ("" if snap.get("persistent_workers") else
+             "; each epoch's workers get their own, which persistent_workers=True makes once")
+    return (f"starting the workers spent {seconds:.2f} s copying the dataset's own numpy arrays into shared "
+            f"memory ({nbytes / 1e6:.0f} MB in {copies} copies{again}), which the workers wait for whole and "
+            "the main process holds beside the originals: wrap them in ArrayDataset (moved into shared memory "
+            "once and kept there; its rows are read while the copy goes on), or use "
+            "multiprocessing_context='fork'")
+
+
 def _start_up(snap: dict[str, Any]) -> str | None:
     """Is most of the loop's wait for each epoch's first batch (the workers starting up)?"""
     wait = float(snap.get("wait_s") or 0.0)
@@ -428,9 +447,9 @@ def report(snap: dict[str, Any], cores: int | None = None) -> str:
     if restarts or deaths:
         how = f"; {deaths[0]}" if deaths else ""
         parts.append(f"{restarts} worker restart(s){how}")
-    pickled = _pickled_dataset(snap)
-    if pickled is not None:
-        parts.append(pickled)
+    for said in (_pickled_dataset(snap), _copied_arrays(snap)):
+        if said is not None:
+            parts.append(said)
     first_s = snap.get("first_batch_s")
     step = snap.get("step_per_batch_s") or 0.0
     said_first = any("first batch" in p for p in parts)  # (the start-up's share of the wait: its own numbers)

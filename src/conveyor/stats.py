@@ -139,13 +139,17 @@ class Shipping:
     """Spawned and forkserver workers receive the dataset pickled: the main process's time
     pickling it for them, how many starts, the largest pickle, the most array bytes one start
     passed by reference instead, and the time moving arrays into shared memory for that (once
-    an array: ``transport.share``)."""
+    an array: ``transport.share``); and apart, the copies each pool makes of arrays that are
+    no container's (a user's own dataset's), which its workers wait for whole."""
 
     pickle_s: float = 0.0
     pickle_starts: int = 0
     pickle_bytes: int = 0
     shared_bytes: int = 0
     moved_s: float = 0.0
+    copied_s: float = 0.0
+    copied_bytes: int = 0
+    copies: int = 0
 
     def shipped(self, seconds: float, nbytes: int, shared: int, moved: float = 0.0) -> None:
         """A start pickled its dataset (and the rest of its spec) in ``seconds``: ``nbytes``
@@ -156,6 +160,13 @@ class Shipping:
         self.pickle_starts += 1
         self.pickle_bytes = max(self.pickle_bytes, nbytes)
         self.shared_bytes = max(self.shared_bytes, shared)
+
+    def copied(self, seconds: float, nbytes: int) -> None:
+        """A pool copied ``nbytes`` of a user's arrays into shared memory in ``seconds`` (its
+        workers wait for the copy whole: their reads cannot be checked chunk by chunk)."""
+        self.copied_s += seconds
+        self.copied_bytes += nbytes
+        self.copies += 1
 
 
 @dataclass
@@ -488,6 +499,9 @@ class Stats:
             "dataset_pickle_bytes": self.shipping.pickle_bytes,
             "dataset_shared_bytes": self.shipping.shared_bytes,
             "dataset_moved_s": self.shipping.moved_s,
+            "dataset_copied_s": self.shipping.copied_s,
+            "dataset_copied_bytes": self.shipping.copied_bytes,
+            "dataset_copies": self.shipping.copies,
         }
 
 

@@ -55,8 +55,14 @@ def test_each_container_reaches_the_worker_by_reference(method: str, tmp_path: P
     size = sum(b.nbytes for c in ds.containers.values() for b in buffers_of(c) if b.nbytes >= share.MIN_BYTES)
     with loader(ds, method) as dl:
         batches = list(dl)
+        assert share.settle(30)  # (the pool's copy of the user's array is heard of once whole)
         stats = dl.stats()
     assert len(batches) == ROWS // 64
+    # the user's array (no container's) was copied once, for both workers, and that is counted
+    # apart from the pickling, for report() to name
+    plain = ds.containers["plain"].big
+    assert stats["dataset_copies"] == 1 and stats["dataset_copied_bytes"] == plain.nbytes, stats
+    assert stats["dataset_copied_s"] > 0
     # the start pickled the small arrays (the labels), not the 6 MiB of large buffers, which
     # went by reference
     assert stats["dataset_pickles"] == 1
@@ -231,6 +237,23 @@ def test_report_names_the_time_spent_pickling_the_dataset() -> None:
     assert "ArrayDataset" in said and "multiprocessing_context='fork'" in said, said
     small = dict(snap, dataset_pickle_s=0.004, dataset_pickle_bytes=20_000)
     assert "pickling" not in report(small, cores=2)
+
+
+def test_report_names_the_copies_of_a_users_arrays() -> None:
+    # a user's own dataset's arrays are copied into shared memory by every pool (each epoch's,
+    # without persistent workers), and its workers wait for them whole
+    snap = {"batches": 100, "steps": 99, "wait_fraction": 0.02, "step_per_batch_s": 0.01, "num_workers": 2,
+            "workers": {0: {"batches": 50, "busy_s": 0.2}, 1: {"batches": 50, "busy_s": 0.2}},
+            "dataset_pickles": 4, "dataset_pickle_s": 0.002, "dataset_pickle_bytes": 8_000,
+            "dataset_shared_bytes": 300_000_000, "dataset_copies": 2, "dataset_copied_s": 0.8,
+            "dataset_copied_bytes": 600_000_000, "persistent_workers": False}
+    said = report(snap, cores=2)
+    assert "spent 0.80 s copying the dataset's own numpy arrays into shared memory (600 MB in 2 copies" in said, said
+    assert "persistent_workers=True makes once" in said and "ArrayDataset" in said, said
+    assert "multiprocessing_context='fork'" in said and "pickling" not in said, said
+    assert "persistent_workers" not in report(dict(snap, persistent_workers=True), cores=2).split("copies")[1]
+    small = dict(snap, dataset_copied_s=0.01, dataset_copied_bytes=2_000_000)
+    assert "copying" not in report(small, cores=2)
 
 
 class Objects:

@@ -61,12 +61,12 @@ class ProcessExecutor(Executor):
 
     def __init__(self, spec: WorkerSpec | Callable[[], WorkerSpec], num_workers: int, context: Any = None,
                  *, pinner: Any = None, private_files: Callable[[], tuple[int, ...]] | None = None,
-                 collect: bool = True, shipped: Callable[[float, int, int, float], None] | None = None) -> None:
+                 collect: bool = True, shipping: share.ShipLog | None = None) -> None:
         if context is None:
             context = mp.get_context()
         elif isinstance(context, str):
             context = mp.get_context(context)
-        self.launch = starting.Launch(context, private_files, shipped, collect)
+        self.launch = starting.Launch(context, private_files, shipping, collect)
         # the spec comes from a function (the loader's pool's, through a weak reference): what
         # closes this executor must not keep the user's dataset and collate_fn (and so a loader
         # they may refer to) reachable, or a loader dropped in a reference cycle would live on
@@ -158,8 +158,8 @@ class ProcessExecutor(Executor):
             starting.undo(exc, proc, before, f"{self.prefix}w{w}g{gen}_", (task_r, task_w, res_r, res_w), bell,
                           w, self.method)
             raise
-        if isinstance(spec, share.Shipped) and launch.shipped is not None:
-            launch.shipped(spec.seconds, spec.nbytes, spec.shared, spec.moved_s)
+        if isinstance(spec, share.Shipped) and launch.shipping is not None:
+            launch.shipping.shipped(spec.seconds, spec.nbytes, spec.shared, spec.moved_s)
         held.deliver()  # a Ctrl-C while forking: now, with the worker recorded for close() to stop
         return wk
 

@@ -171,7 +171,7 @@ class Launch:
     fork workers hold."""
 
     def __init__(self, context: Any, private_files: Callable[[], tuple[int, ...]] | None,
-                 shipped: Callable[[float, int, int, float], None] | None, collect: bool) -> None:
+                 shipping: share.ShipLog | None, collect: bool) -> None:
         self.ctx = context
         self.method = context.get_start_method()
         # descriptors of files the main process opened through the dataset, to be made private
@@ -179,9 +179,10 @@ class Launch:
         self.private_files = private_files
         # a spawned or forkserver worker receives the spec pickled: its arrays travel by
         # reference (transport.share), the copies of those no container holds kept here for
-        # every worker of this pool; ``shipped`` hears what each start pickled
-        self.shares = share.Registry()
-        self.shipped = shipped
+        # every worker of this pool; ``shipping`` hears what each start pickled and what the
+        # pool copied
+        self.shares = share.Registry(None if shipping is None else shipping.copied)
+        self.shipping = shipping
         self.froze = False  # this pool holds a gc freeze (fork only)
         self.collect = collect  # may collect what the freeze kept when another pool holds it
 

@@ -48,7 +48,8 @@ import time
 import warnings
 import weakref
 from multiprocessing import reduction
-from typing import Any
+from collections.abc import Callable
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -57,7 +58,7 @@ from . import segment as segments
 from .move import pending, place, settle
 from .spans import located
 
-__all__ = ["ship_container", "MIN_BYTES", "Guarded", "Registry", "Shipped", "adopt", "adopt_one", "located", "pending", "place",
+__all__ = ["ship_container", "MIN_BYTES", "Guarded", "Registry", "ShipLog", "Shipped", "adopt", "adopt_one", "located", "pending", "place",
            "revive", "settle"]
 
 # arrays smaller than this are pickled as they are: a mapping per worker (a descriptor, a
@@ -297,13 +298,23 @@ def _rebuild(buffer: Any, offset: int, shape: tuple[int, ...], dtype: np.dtype, 
     return a
 
 
+class ShipLog(Protocol):
+    """What hears of a pool's starts (``stats.Shipping``): each start's pickle, and each copy
+    of an array that is no container's."""
+
+    def shipped(self, seconds: float, nbytes: int, shared: int, moved: float = 0.0) -> None: ...
+
+    def copied(self, seconds: float, nbytes: int) -> None: ...
+
+
 class Registry:
     """The copies of a pool's arrays that are no container's (a user's dataset holding numpy
     arrays): made the first time a worker of the pool is started, kept for its later workers
     (a replacement, "auto" adding one), dropped with the pool. Also counts what was sent."""
 
-    def __init__(self) -> None:
+    def __init__(self, copied: Callable[[float, int], None] | None = None) -> None:
         self._copies: dict[int, tuple[weakref.ref[Any], np.ndarray]] = {}
+        self.copied = copied  # hears each copy once it is whole: (seconds, bytes)
         self._lock = threading.Lock()
         self.starts = 0  # worker starts that pickled a spec here
         self.pickle_s = 0.0  # the main process's time pickling them
@@ -316,13 +327,18 @@ class Registry:
             held = self._copies.get(key)
             if held is not None and held[0]() is a:
                 return held[1]
+        t0 = time.perf_counter()
+        heard = self.copied
         try:
             if move.deferrable():
                 # written while the workers start; they wait for it to be whole
                 out, m = move.copy_soon(a)
-                move.start([m], None)
+                n = a.nbytes
+                move.start([m], None if heard is None else lambda: heard(time.perf_counter() - t0, n))
             else:
                 out = place(a)
+                if heard is not None:
+                    heard(time.perf_counter() - t0, a.nbytes)
         except (OSError, ValueError) as exc:
             _warn_once(str(exc))
             return None
