@@ -7,11 +7,28 @@ from typing import Any
 
 from .. import rng
 from .base import Event, Executor
+from .seeding import rng_lock
 from .task import Result, Task
 from .fetcher import Fetcher
 from .worker import WorkerSpec
 
-__all__ = ["InlineExecutor"]
+__all__ = ["InlineExecutor", "run_here"]
+
+
+def run_here(fetcher: Fetcher, task: Task, seeded: bool) -> Result:
+    """Run ``task`` in this thread with ``fetcher``. ``seeded`` (a loader seed): the samples
+    reseed the global RNGs, and the caller's states are put back after the batch, under
+    the RNG lock that thread workers seeding meanwhile take too."""
+    fetcher.schedule(task)
+    if not seeded:
+        return fetcher.run(task)
+    with rng_lock:  # not while a thread worker is between seeding a sample and its draws
+        saved = rng_lock.save()
+    try:
+        return fetcher.run(task)
+    finally:
+        with rng_lock:
+            rng_lock.restore(saved)
 
 
 class InlineExecutor(Executor):
@@ -41,24 +58,21 @@ class InlineExecutor(Executor):
         if not self.queue:
             return []
         task = self.queue.popleft()
+        if not (self.restore_rng and self.spec.iterable):
+            return [run_here(self.fetcher, task, self.restore_rng)]
         self.fetcher.schedule(task)
-        if self.restore_rng:
-            saved = rng.RngState()
-            stream = self.spec.iterable
-            if stream:
-                if self.stream_epoch != task.epoch or self.stream_rng is None:
-                    assert self.spec.seed is not None
-                    rng.seed_worker(rng.mix(self.spec.seed, task.epoch, rng.STREAM_SALT) >> 1, 0)
-                    self.stream_epoch = task.epoch
-                else:
-                    self.stream_rng.restore()
-            try:
-                return [self.fetcher.run(task)]
-            finally:
-                if stream:
-                    self.stream_rng = rng.RngState()
-                saved.restore()
-        return [self.fetcher.run(task)]
+        saved = rng.RngState()
+        if self.stream_epoch != task.epoch or self.stream_rng is None:
+            assert self.spec.seed is not None
+            rng.seed_worker(rng.mix(self.spec.seed, task.epoch, rng.STREAM_SALT) >> 1, 0)
+            self.stream_epoch = task.epoch
+        else:
+            self.stream_rng.restore()
+        try:
+            return [self.fetcher.run(task)]
+        finally:
+            self.stream_rng = rng.RngState()
+            saved.restore()
 
     def set_threads(self, n: int) -> None:
         self.fetcher.set_threads(n)

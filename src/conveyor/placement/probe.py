@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING, Any
 
 from .. import rng
 from ..executors.fetcher import Fetcher
+from ..executors.inline import run_here
 from ..executors.sched import runqueue_wait as _runqueue_wait
-from ..executors.seeding import rng_lock
 from ..executors.task import Result, Task
 from . import rules
 from .machine import cpu_share, no_core_left
@@ -249,18 +249,8 @@ class Probe:
         local = self.pool.local_fetcher()
         if self.pool.mode == Mode.PROBE and self.pool.spec.seed is None:
             return self._probe(local, task)
-        restore = None
-        if self.pool.spec.seed is not None:
-            with rng_lock:  # not while a thread worker is between seeding a sample and its draws
-                restore = rng_lock.save()
         t0, fresh = time.perf_counter(), self.pool.recycler.fresh_s
-        try:
-            local.schedule(task)
-            result = local.run(task)
-        finally:
-            if restore is not None:
-                with rng_lock:
-                    rng_lock.restore(restore)
+        result = run_here(local, task, self.pool.spec.seed is not None)
         return self._timed(result, time.perf_counter() - t0 - (self.pool.recycler.fresh_s - fresh))
 
 
