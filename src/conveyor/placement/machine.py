@@ -14,6 +14,8 @@ import os
 import time
 from typing import Any
 
+from ..executors.sched import read_small
+
 __all__ = ["cgroup_cpus", "cgroup_free_bytes", "cpu_budget", "cpu_share", "no_core_left", "ram_budget",
            "ranks_here", "usable_cores"]
 
@@ -42,7 +44,7 @@ def _cgroup_dirs(controller: str, root: str = CGROUP_ROOT, table: str = "/proc/s
     hierarchy is walked: every file opened on cgroupfs costs ~15 us, and on a v1 host the
     memory and cpuacct lines add directories a CPU quota cannot be in (7 to look in where 3
     can hold it: 0.2 ms of an "auto" loader's construction)."""
-    raw = _read_bytes(table)
+    raw = read_small(table)
     if raw is None:
         return []
     lines = raw.decode("ascii", "replace").splitlines()
@@ -76,25 +78,8 @@ def _cgroup_dirs(controller: str, root: str = CGROUP_ROOT, table: str = "/proc/s
     return out
 
 
-def _read_bytes(path: str) -> bytes | None:
-    """A small kernel file's bytes; None where it cannot be read. ``os.open``, not
-    ``open()``: no file object to build, ~10 us a file where ``open()`` took 15-65 (its
-    first call in a process the most), and bytes: a text file's codec lookup imports
-    encodings.ascii, ~0.5 ms of a fresh process's first loader."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    except OSError:
-        return None
-    try:
-        return os.read(fd, 1 << 16)
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
-
-
 def _read(path: str) -> str | None:
-    raw = _read_bytes(path)
+    raw = read_small(path)
     try:
         return None if raw is None else raw.decode("ascii").strip()
     except ValueError:  # (UnicodeDecodeError is a ValueError)
