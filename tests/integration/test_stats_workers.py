@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 import conveyor
-from conveyor.report import plot_timeline
+from conveyor.plots import plot_timeline
 from test_stats import _Computes, run
 
 
@@ -176,7 +176,7 @@ def test_stats_read_after_a_run_hold_still(how: str) -> None:
 
 
 def test_the_timeline_has_a_track_for_every_worker_and_names_the_setting(tmp_path: Path) -> None:
-    from conveyor.report import _given, _setting, _tracks
+    from conveyor.plots import _given, _setting, _tracks
     from conveyor.stats import LOOP
 
     st = run(2, batch_s=0.03, step_s=0.01, batches=8)

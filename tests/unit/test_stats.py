@@ -18,7 +18,8 @@ import conveyor
 import conveyor.placement.probe
 import conveyor.placement.rules
 import conveyor.loader
-from conveyor.report import plot_sweep, plot_timeline, report, workers_needed
+from conveyor.plots import plot_sweep, plot_timeline
+from conveyor.report import report, workers_needed
 from conveyor.stats import Stats, trace_events, write_trace
 
 
@@ -725,7 +726,7 @@ def test_report_of_epochs_that_ended_without_a_batch_does_not_ask_to_iterate() -
 
 def test_the_timeline_shows_the_start_and_the_steady_state_a_few_dozen_batches_each() -> None:
     # 240 batches drawn whole blurred their wait and step bars into stripes
-    from conveyor.report import _handed_times, timeline_windows
+    from conveyor.plots import _handed_times, timeline_windows
 
     st = run(2, batch_s=0.03, step_s=0.01, batches=240)
     handed = [t - st.started for t in _handed_times(st)]

@@ -19,7 +19,8 @@ import numpy as np
 
 from .. import _torch
 from ..errors import SlowSettingWarning
-from ..report import plot_sweep, plot_timeline, report
+from ..plots import plot_sweep, plot_timeline
+from ..report import report
 from ..stats import write_trace
 from .common import sweeping, table
 from .diabetes import FEATURES, Diabetes
