@@ -171,12 +171,7 @@ def plot_timeline(stats: Stats | Any, path: str | os.PathLike[str], *, setting: 
     # the setting alone (the legend names the colours), wrapped to the figure: one window's
     # 7 inches cut a longer title at both ends
     fig.suptitle(textwrap.fill(what, width=60 * len(windows)), fontsize="medium")
-    fig.tight_layout()
-    out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=100)
-    plt.close(fig)
-    return out
+    return _save(plt, fig, path)
 
 
 def plot_sweep(results: Iterable[dict[str, Any]], path: str | os.PathLike[str]) -> Path:
@@ -201,6 +196,11 @@ def plot_sweep(results: Iterable[dict[str, Any]], path: str | os.PathLike[str]) 
     ax.set_title("throughput against worker count")
     ax.grid(True, alpha=0.3)
     ax.legend()
+    return _save(plt, fig, path)
+
+
+def _save(plt: Any, fig: Any, path: str | os.PathLike[str]) -> Path:
+    """Lay ``fig`` out, write it to ``path`` as a PNG (making its folder) and close it."""
     fig.tight_layout()
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
