@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import multiprocessing.resource_tracker
 import os
+import signal
 import sys
 import tempfile
 from collections.abc import Iterator
@@ -51,6 +52,22 @@ def _private_temp(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
         tempfile.tempdir = before[1]
     left = sorted(p.name for p in folder.iterdir() if p.name.startswith("conveyor"))
     assert not left, f"the tests left {left} in the temp folder ({folder}): tests write under tmp_path"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _ctrl_c_raises() -> Iterator[None]:
+    """Ctrl-C raises KeyboardInterrupt in this process and in the scripts it runs, whatever
+    launched the session: a shell without job control starts a background command (``cmd &``)
+    with SIGINT ignored, which Python then leaves ignored, and every test of what a Ctrl-C
+    does saw none (8 failed that way)."""
+    old = signal.getsignal(signal.SIGINT)
+    if old == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        if old == signal.SIG_IGN:
+            signal.signal(signal.SIGINT, old)
 
 
 @pytest.fixture(scope="session", autouse=True)

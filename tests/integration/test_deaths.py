@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +61,18 @@ def _flagged_pid(flag: Path) -> int | None:
     return int(text) if text else None
 
 
+@pytest.fixture
+def hangup_at_default() -> Iterator[None]:
+    """SIGHUP at its default in this process for the test: a run under ``nohup`` ignores it,
+    and so, by design, do its workers (the hangup that ends nothing else must not end them),
+    so a worker sent one would live on."""
+    old = signal.signal(signal.SIGHUP, signal.SIG_DFL)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGHUP, old)
+
+
 HOWS = ["SIGTERM", "SIGHUP", "SIGINT", "sys.exit", "sys.exit(3)", "os._exit", "SIGKILL"]
 CASES = [("fork", how) for how in HOWS] + [
     (method, how) for method in ("spawn", "forkserver") for how in ("SIGTERM", "sys.exit", "SIGKILL")]
@@ -68,7 +81,7 @@ CASES = [("fork", how) for how in HOWS] + [
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize(("method", "how"), CASES)
 def test_a_worker_that_ends_itself_is_replaced_and_batches_sent_stay_readable(
-        tmp_path: Path, method: str, how: str) -> None:
+        tmp_path: Path, method: str, how: str, hangup_at_default: None) -> None:
     # One worker, three batches ordered at once: when the worker reaches batch 2 it has sent
     # batch 1, which the main process has not read yet (the loop holds batch 0 until the worker
     # is gone). That batch's slot must still be there to read, and batch 2 on must come from
