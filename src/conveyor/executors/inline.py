@@ -19,12 +19,15 @@ def run_here(fetcher: Fetcher, task: Task, seeded: bool) -> Result:
     """Run ``task`` in this thread with ``fetcher``. ``seeded`` (a loader seed): the samples
     reseed the global RNGs, and the caller's states are put back after the batch, under
     the RNG lock that thread workers seeding meanwhile take too."""
-    fetcher.schedule(task)
     if not seeded:
+        fetcher.schedule(task)
         return fetcher.run(task)
-    with rng_lock:  # not while a thread worker is between seeding a sample and its draws
+    # saved before the fetch threads start on the task's samples, which seed the RNGs, and
+    # not while a thread worker is between seeding a sample and its draws
+    with rng_lock:
         saved = rng_lock.save()
     try:
+        fetcher.schedule(task)
         return fetcher.run(task)
     finally:
         with rng_lock:
