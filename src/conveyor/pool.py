@@ -124,6 +124,23 @@ class Pool:
         return bool(self._holder)
 
     @property
+    def started_executor(self) -> Any:
+        """The executor if it has started, else None (never starts it)."""
+        return self._holder[0] if self._holder else None
+
+    def try_start(self) -> bool:
+        """Start the executor now (a probing batch found its workers worth starting early).
+        On failure it is forgotten, not raised: the error surfaces again, with its context,
+        at the next dispatch, which starts it once more."""
+        try:
+            _ = self.executor
+        except Exception:  # noqa: BLE001 - see above
+            self._holder.clear()
+            self.launcher.closers.clear()
+            return False
+        return True
+
+    @property
     def executor(self) -> Any:
         if not self._holder:
             if self.dead:

@@ -30,7 +30,7 @@ class TorchIteratorNames:
     def _workers(self) -> list[Any]:
         """The worker processes (``multiprocessing.Process``) serving this epoch; none
         before they start, or with thread workers or none."""
-        ex = self.pool._holder[0] if self.pool._holder else None
+        ex = self.pool.started_executor
         if not isinstance(ex, ProcessExecutor):
             return []
         return [wk.proc for wk in ex.workers if wk is not None]

@@ -214,6 +214,40 @@ def test_a_waiting_first_batch_starts_the_workers_before_it_ends() -> None:
     assert stats["main_process_batches"] == 1
 
 
+def test_an_early_start_that_fails_leaves_the_batch_and_the_next_dispatch_starts_them(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # the workers' start inside a waiting probe batch fails once: the batch is still made
+    # here, nothing of the failed start is kept (no executor, nothing for close() to stop
+    # twice), and the next dispatch starts them for the rest
+    class Slow:
+        def __len__(self) -> int:
+            return 64
+
+        def __getitem__(self, i: int) -> np.ndarray:
+            time.sleep(0.002)
+            return np.full(2, i, dtype=np.int64)
+
+    start = conveyor.pool.Launcher.start
+    calls: list[int] = []
+
+    def fails_once(self: Any, *args: Any, **kw: Any) -> Any:
+        calls.append(1)
+        if len(calls) == 1:
+            self.closers.append(object())  # what a start records before it fails
+            raise OSError("no more processes")
+        return start(self, *args, **kw)
+
+    monkeypatch.setattr(conveyor.pool.Launcher, "start", fails_once)
+    with DataLoader(Slow(), batch_size=8, num_workers=2, adaptive=True, output="numpy") as loader:
+        it = iter(loader)
+        first = next(it)
+        assert len(calls) == 1 and not loader.stats()["workers_started"]
+        rest = list(it)
+        stats = loader.stats()
+    assert np.array_equal(np.concatenate([first[:, 0]] + [b[:, 0] for b in rest]), np.arange(64))
+    assert len(calls) == 2 and stats["workers_started"]
+
+
 def _off_core_is_preemption(monkeypatch: pytest.MonkeyPatch) -> None:
     """For a dataset that only computes (never blocks): count every moment the main thread
     spends off its core as waiting for one, so the probe reads such batches as computing

@@ -414,11 +414,7 @@ class Probe:
     def _start_early(self, busy: float = 1.0) -> None:
         """A probing batch is slow: fork the workers now, while the main process finishes it."""
         self._threads_to_start(busy)
-        try:
-            _ = self.pool.executor
-        except Exception:  # noqa: BLE001 - surfaces again, with its context, at the next dispatch
-            self.pool._holder.clear()
-            self.pool.launcher.closers.clear()
+        if not self.pool.try_start():
             return
         if self.on_early is not None:
             self.on_early()  # hand the next batches out at once, so workers overlap this one
