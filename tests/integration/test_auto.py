@@ -192,19 +192,22 @@ def test_fetch_threads_default_to_one_and_can_be_pinned_under_auto() -> None:
 
 
 @pytest.mark.timeout(60)
+class Sleeps:
+    """64 samples of 2 ms each, spent waiting."""
+
+    def __len__(self) -> int:
+        return 64
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        time.sleep(0.002)
+        return np.full(2, i, dtype=np.int64)
+
+
 def test_a_waiting_first_batch_starts_the_workers_before_it_ends() -> None:
     # 8 samples of 2 ms: the first batch (~16 ms in the main process, under the 25 ms a first
     # batch may take for one-time costs) mostly waits, so the workers start a few ms into it
     # instead of after it; the next batches come from them
-    class Slow:
-        def __len__(self) -> int:
-            return 64
-
-        def __getitem__(self, i: int) -> np.ndarray:
-            time.sleep(0.002)
-            return np.full(2, i, dtype=np.int64)
-
-    with DataLoader(Slow(), batch_size=8, num_workers=2, adaptive=True, output="numpy") as loader:
+    with DataLoader(Sleeps(), batch_size=8, num_workers=2, adaptive=True, output="numpy") as loader:
         it = iter(loader)
         first = next(it)
         assert loader.stats()["workers_started"], "the workers should start during the first batch"
@@ -219,14 +222,6 @@ def test_an_early_start_that_fails_leaves_the_batch_and_the_next_dispatch_starts
     # the workers' start inside a waiting probe batch fails once: the batch is still made
     # here, nothing of the failed start is kept (no executor, nothing for close() to stop
     # twice), and the next dispatch starts them for the rest
-    class Slow:
-        def __len__(self) -> int:
-            return 64
-
-        def __getitem__(self, i: int) -> np.ndarray:
-            time.sleep(0.002)
-            return np.full(2, i, dtype=np.int64)
-
     start = conveyor.pool.Launcher.start
     calls: list[int] = []
 
@@ -238,7 +233,7 @@ def test_an_early_start_that_fails_leaves_the_batch_and_the_next_dispatch_starts
         return start(self, *args, **kw)
 
     monkeypatch.setattr(conveyor.pool.Launcher, "start", fails_once)
-    with DataLoader(Slow(), batch_size=8, num_workers=2, adaptive=True, output="numpy") as loader:
+    with DataLoader(Sleeps(), batch_size=8, num_workers=2, adaptive=True, output="numpy") as loader:
         it = iter(loader)
         first = next(it)
         assert len(calls) == 1 and not loader.stats()["workers_started"]
