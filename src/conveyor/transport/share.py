@@ -310,16 +310,13 @@ class ShipLog(Protocol):
 class Registry:
     """The copies of a pool's arrays that are no container's (a user's dataset holding numpy
     arrays): made the first time a worker of the pool is started, kept for its later workers
-    (a replacement, "auto" adding one), dropped with the pool. Also counts what was sent."""
+    (a replacement, "auto" adding one), dropped with the pool. ``copied`` hears of each copy
+    (``stats.Shipping``, which hears of each start's pickle from the executor)."""
 
     def __init__(self, copied: Callable[[float, int], None] | None = None) -> None:
         self._copies: dict[int, tuple[weakref.ref[Any], np.ndarray]] = {}
         self.copied = copied  # hears each copy once it is whole: (seconds, bytes)
         self._lock = threading.Lock()
-        self.starts = 0  # worker starts that pickled a spec here
-        self.pickle_s = 0.0  # the main process's time pickling them
-        self.pickle_bytes = 0  # the largest pickle a worker got
-        self.shared_bytes = 0  # the most array bytes one start passed by reference
 
     def copy_of(self, a: np.ndarray) -> np.ndarray | None:
         key = id(a)
@@ -353,12 +350,6 @@ class Registry:
     def _drop(self, key: int) -> None:
         with self._lock:
             self._copies.pop(key, None)
-
-    def note(self, seconds: float, nbytes: int, shared: int) -> None:
-        self.starts += 1
-        self.pickle_s += seconds
-        self.pickle_bytes = max(self.pickle_bytes, nbytes)
-        self.shared_bytes = max(self.shared_bytes, shared)
 
     def close(self) -> None:
         """Drop the copies (the workers' mappings keep theirs until they exit), once the moves
@@ -462,8 +453,6 @@ class Shipped:
         self.nbytes = len(data)
         self.shared = pickler.shared
         self.kept = pickler.kept
-        if self.registry is not None:
-            self.registry.note(self.seconds, self.nbytes, self.shared)
         return (_unship, (data,))
 
 
