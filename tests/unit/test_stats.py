@@ -287,8 +287,14 @@ def test_trace_respects_the_limit_and_accepts_loader_like_objects() -> None:
         trace_events(object())
 
 
-def test_plots_write_pngs(tmp_path: Path) -> None:
-    pytest.importorskip("matplotlib")
+@pytest.fixture(scope="module")
+def fonts_listed() -> None:
+    """matplotlib's font list, built before the test's check for started processes: on a
+    machine without its cache, the first import of its font manager runs ``fc-list``."""
+    pytest.importorskip("matplotlib.font_manager")
+
+
+def test_plots_write_pngs(tmp_path: Path, fonts_listed: None) -> None:
     st = run(2, batch_s=0.03, step_s=0.01, batches=8)
     a = plot_timeline(st, tmp_path / "timeline.png")
     b = plot_sweep([{"loader": "torch", "workers": 0, "samples_s": 100.0},
