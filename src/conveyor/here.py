@@ -1,10 +1,12 @@
-"""Batches the main process makes for a run, three ways.
+"""A run's side of the batches the main process makes (``Pool.main``, ``executors/inline.py``):
+their position, stats and hand-out.
 
 ``quick``: a plain batch (no per-sample seeding, no skipping) without the task envelope;
 ``lean_next``: ``Run.__next__`` itself once nothing else needs doing per batch (nothing in
 flight, nothing to skip or drop, no tuner to feed); ``bulk``: in-memory arrays gathered many
-batches at once (``gather``), then handed out as views. Batches that need the envelope (a
-seed, ``on_error="skip"``) or the probe's timing go through ``Probe.fetch_here`` instead.
+batches at once (``MainProcess.gather``), then handed out as views. Batches that need the
+envelope (a seed, ``on_error="skip"``) or the probe's timing go through ``Probe.fetch_here``
+(``MainProcess.run``) instead.
 """
 
 from __future__ import annotations
@@ -14,11 +16,8 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
 from .errors import capture, rebuild
 from .executors.fetcher import Fetcher
-from .order import bulk_batches, torch_split
 from .placement.rules import Mode
 from .stats import INLINE
 
@@ -49,7 +48,7 @@ def quick(run: Run) -> tuple[Any, int]:
     run.out_seq = pool.seq
     pool.seq += 1
     run.reorder.next = pool.seq
-    fetcher = pool.local_fetcher()
+    fetcher = pool.main.fetcher
     batch, n, start, end = made(run, fetcher.quick, indices)
     run.stats.result(INLINE, start, 0.0, end)
     if not run.here.lean:
@@ -121,24 +120,15 @@ def bulk(run: Run) -> tuple[Any, int]:
     if not ready:
         slices = run.order.slices
         assert slices is not None
+        main = run.pool.main
         if slices.per_chunk == 0:
-            slices.per_chunk = bulk_batches(run.loader.dataset, slices.size)
+            slices.per_chunk = main.batches_a_gather(slices.size)
         indices = slices.chunk(slices.per_chunk)
         if indices is None:
             raise StopIteration
         start = time.perf_counter()
-        cols = run.loader.dataset.gather(indices, output=run.loader.output)
-        size = slices.size
-        if run.loader.output == "torch":
-            split = torch_split()
-            parts = [split(c, size) for c in cols]
-        else:
-            cuts = list(range(size, len(indices), size))
-            parts = [np.split(c, cuts) for c in cols]
-        count = len(parts[0])
-        sizes = [size] * count
-        sizes[-1] = len(indices) - size * (count - 1)
-        ready.extend(zip(map(list, zip(*parts)), sizes))
+        ready.extend(main.gather(indices, slices.size))
+        count = len(ready)
         # one event for the gather, counting its batches (main-process batches, as any)
         run.stats.result(-1, start, 0.0, time.perf_counter(), batches=count)
         run.pool.inline_batches += count

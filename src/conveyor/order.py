@@ -24,7 +24,7 @@ from .samplers import BatchSampler
 if TYPE_CHECKING:
     from .loader import DataLoader
 
-__all__ = ["EpochOrder", "StreamReplicas", "Repeat", "ReadAhead", "Slices", "torch_split", "bulk_batches", "digested", "is_stateless",
+__all__ = ["EpochOrder", "StreamReplicas", "Repeat", "ReadAhead", "Slices", "digested", "is_stateless",
            "reads_ahead_freely", "sized", "fresh_batches", "own_indices", "task_indices"]
 
 
@@ -150,20 +150,6 @@ class Slices:
         out = self.order[self.pos:stop]
         self.pos = stop
         return out
-
-
-def torch_split() -> Callable[[Any, int], Any]:
-    """``torch.split`` without the Python wrapper around it (a third of its cost on small tensors)."""
-    torch = _torch.get()
-    assert torch is not None
-    return getattr(getattr(torch, "_VF", None), "split", None) or torch.split
-
-
-def bulk_batches(dataset: Any, size: int, budget: int = 8 << 20) -> int:
-    """How many batches to gather at once: up to 64, within ``budget`` bytes."""
-    row = sum(a[:1].nbytes if hasattr(a, "nbytes") else a[:1].element_size() * a[:1].numel()
-              for a in getattr(dataset, "arrays", ()))
-    return max(1, min(64, budget // max(1, row * size)))
 
 
 def digested(batches: Iterator[Any], digests: array.array, d: int, learn: tuple[Any, Any] | None) -> Iterator[Any]:

@@ -1,7 +1,7 @@
-"""An epoch's workers and the main process's own fetcher: started lazily, closed once.
+"""An epoch's workers and the main process's own executor: started lazily, closed once.
 
-A ``Pool`` holds the executor (process or thread workers, or the main process's
-``InlineExecutor``), the spec every worker is made from (dataset, collate_fn, seeds), the
+A ``Pool`` holds the executor (process or thread workers; without workers, the main
+process's ``MainProcess``, which also makes every batch made here), the spec every worker is made from (dataset, collate_fn, seeds), the
 task numbers (``seq``, growing across epochs) and how tasks are grouped. Where it adapts
 (``"auto"``, ``adaptive=True``), its ``Probe`` (``placement/probe.py``) decides where batches
 are made (``Mode``), and ``apply`` carries out the tuner's choices.
@@ -21,7 +21,7 @@ from . import _torch
 from .executors import inherit
 from ._platform.signals import hold_ctrl_c
 from .executors.grouping import Grouping
-from .executors.inline import InlineExecutor
+from .executors.inline import MainProcess
 from .executors.processes import ProcessExecutor
 from .executors.threads import ThreadExecutor
 from .executors.fetcher import Fetcher
@@ -39,7 +39,7 @@ __all__ = ["Pool", "close_all", "pinner"]
 
 
 class Pool:
-    """The workers of a loader (started lazily), the main process's own fetcher, and the seed.
+    """The workers of a loader (started lazily), the main process's own executor, and the seed.
 
     ``mode`` says where batches are made: by the workers, unless the pool adapts
     (``num_workers="auto"``, ``adaptive=True``), where its ``Probe`` decides.
@@ -72,7 +72,8 @@ class Pool:
         self.seq = 0  # next task number; grows across epochs
         self.epoch_start = 0  # seq of the current epoch's first batch
         self._holder: list[Any] = []  # the executor, once started
-        self._locals: list[Fetcher] = []  # the main process's fetcher, once used
+        me = weakref.ref(self)  # (not the pool itself: a dropped pool is freed, and its workers stopped, at once)
+        self.main = MainProcess(self.spec, lambda: me()._main_fetcher())  # every batch made in this process
         self.persistent = loader.persistent_workers
         self.launched = False  # workers were started at some point
         self.delivered = False  # a worker has handed back a batch
@@ -102,9 +103,9 @@ class Pool:
         if kept is not None and not kept.measuring and not self.bulk:
             self.probe.resume(kept)
         if self.num_workers == 0 and not auto_workers:
-            # the main process's one fetcher: a stream's tasks through the executor, a map-style
+            # the main process is the executor: a stream's tasks through the protocol, a map-style
             # dataset's batches by the quick path or with their envelope (Probe.fetch_here)
-            self._holder.append(InlineExecutor(self.spec, self.local_fetcher()))
+            self._holder.append(self.main)
             if not loader._iterable:
                 self.mode = Mode.INLINE  # no workers: every batch is made here
         self.probe.time_the_epoch()
@@ -187,16 +188,14 @@ class Pool:
         ex = self.executor
         return ex.ready < ex.num_workers
 
-    def local_fetcher(self) -> Fetcher:
-        """The main process's own fetcher (made on first use)."""
-        if not self._locals:
-            if self.num_workers or self.auto:
-                self.launcher.mark_files()  # before this process first touches the dataset
-            # thread workers share this process's RNGs: its seeded samples take the lock too
-            fetcher = Fetcher(self.spec, None, shared_rng=self.launcher.worker_type == "thread")
-            fetcher.allocator.alloc = self.recycler
-            self._locals.append(fetcher)
-        return self._locals[0]
+    def _main_fetcher(self) -> Fetcher:
+        """The main process's fetcher, as ``self.main`` first needs it."""
+        if self.num_workers or self.auto:
+            self.launcher.mark_files()  # before this process first touches the dataset
+        # thread workers share this process's RNGs: its seeded samples take the lock too
+        fetcher = Fetcher(self.spec, None, shared_rng=self.launcher.worker_type == "thread")
+        fetcher.allocator.alloc = self.recycler
+        return fetcher
 
     def apply(self, workers: int, threads: int, prefetch: int) -> None:
         if workers > 0 and self.mode != Mode.WORKERS or workers > self.num_workers:
@@ -226,12 +225,8 @@ class Pool:
             self.probe.findings.stop_s = time.perf_counter() - t0
             if not self.delivered:  # the epoch ended before they handed back a batch: at least this
                 self.probe.findings.start_s = max(self.probe.findings.start_s or 0.0, t0 - self.launcher.started_at)
-        for ex in self._holder:
-            ex.close()  # the main process's own executor (the finalizer had the workers')
-        self._holder.clear()
-        for f in self._locals:
-            f.close()
-        self._locals.clear()
+        self._holder.clear()  # (the finalizer closed the workers' executor)
+        self.main.close()
 
 
 class Launcher:

@@ -60,9 +60,9 @@ def probed(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     seen: list[int] = []
     probe = conveyor.placement.probe.Probe._probe
 
-    def counting(self: object, local: object, task: object) -> object:
+    def counting(self: object, task: object) -> object:
         seen.append(task.seq)  # type: ignore[attr-defined]
-        return probe(self, local, task)  # type: ignore[arg-type]
+        return probe(self, task)  # type: ignore[arg-type]
 
     monkeypatch.setattr(conveyor.placement.probe.Probe, "_probe", counting)
     return seen
@@ -146,6 +146,15 @@ class _Watched:
         return Result(task.seq, -1, batch=np.zeros(2), start=0.0, fetched=0.001, end=0.001, cpu=self.cpu)
 
 
+def _probe_on(pool: Any, fetcher: _Watched, task: Task) -> tuple[Result, float]:
+    """``pool``'s probe makes ``task`` with ``fetcher`` standing in for the main process's."""
+    real, pool.main._fetcher = pool.main._fetcher, fetcher
+    try:
+        return pool.probe._run_probe(task, watch=True)  # type: ignore[no-any-return]
+    finally:
+        pool.main._fetcher = real
+
+
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("workers", ["auto", 2])
 def test_a_batch_the_workers_were_forked_in_does_not_count_the_fork_as_its_cpu(workers: object) -> None:
@@ -166,7 +175,7 @@ def test_a_batch_the_workers_were_forked_in_does_not_count_the_fork_as_its_cpu(w
             clock["cpu"] += 0.25
 
         setattr(pool.probe, "_start_early_auto" if workers == "auto" else "_start_early", start)
-        result, _ = pool.probe._run_probe(_Watched(1.0, clock), Task(7, 0, [0, 1]), watch=True)
+        result, _ = _probe_on(pool, _Watched(1.0, clock), Task(7, 0, [0, 1]))
     assert len(started) == 1
     assert result.cpu == pytest.approx(0.75), result.cpu
 
@@ -828,7 +837,7 @@ def test_a_costly_first_batch_alone_does_not_fork_the_workers(made_here: int, fo
         pool.probe.probe_cpu, pool.probe.copying = 0.0032, False
         started: list[float] = []
         pool.probe._start_early = lambda busy=1.0: started.append(busy)  # type: ignore[method-assign]
-        pool.probe._run_probe(_Watched(1e-5, {"cpu": 0.0}, fires=False), Task(made_here, 0, [0, 1]), watch=True)
+        _probe_on(pool, _Watched(1e-5, {"cpu": 0.0}, fires=False), Task(made_here, 0, [0, 1]))
     assert bool(started) == forks, (made_here, started)
 
 

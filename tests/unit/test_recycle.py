@@ -148,7 +148,7 @@ def test_the_recycler_is_left_out_while_batches_are_small_and_back_once_they_gro
         for k in range(small_batches):
             assert next(it).shape == (8, 4)
         assert loader._recycler.asked == 0
-        fetcher = it.pool.local_fetcher()
+        fetcher = it.pool.main.fetcher
         assert fetcher.allocator.idle >= ALLOC_IDLE, "no batch asked: the recycler is left out"
         for k in range(big_batches):
             b = next(it)

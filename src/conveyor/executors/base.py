@@ -15,7 +15,7 @@ Event = Result | Death
 class Executor:
     """Runs tasks on ``num_workers`` workers and reports what came of them: the whole
     interface the loader uses. Process workers implement every method; the defaults here are
-    what an executor inside the main process (``InlineExecutor``, ``ThreadExecutor``) means
+    what an executor inside the main process (``MainProcess``, ``ThreadExecutor``) means
     by each: no start-up to wait for, nothing to kill, no Python stack to read apart."""
 
     num_workers: int = 0

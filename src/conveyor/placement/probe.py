@@ -17,8 +17,6 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from .. import rng
-from ..executors.fetcher import Fetcher
-from ..executors.inline import run_here
 from ..executors.sched import runqueue_wait as _runqueue_wait
 from ..executors.task import Result, Task
 from . import rules
@@ -246,15 +244,14 @@ class Probe:
     def fetch_here(self, task: Task) -> Result:
         """Run ``task`` in the main process, timing it for the workers-or-not decision."""
         self.asked_at = time.perf_counter()
-        local = self.pool.local_fetcher()
         if self.pool.mode == Mode.PROBE and self.pool.spec.seed is None:
-            return self._probe(local, task)
+            return self._probe(task)
         t0, fresh = time.perf_counter(), self.pool.recycler.fresh_s
-        result = run_here(local, task, self.pool.spec.seed is not None)
+        result = self.pool.main.run(task)
         return self._timed(result, time.perf_counter() - t0 - (self.pool.recycler.fresh_s - fresh))
 
 
-    def _probe(self, local: Fetcher, task: Task) -> Result:
+    def _probe(self, task: Task) -> Result:
         """A probing batch, made exactly as the worker torch would give it to would make it.
 
         The global RNGs are set to that worker's (seeded as a worker is seeded, or as its
@@ -270,7 +267,7 @@ class Probe:
         RNGs as they are (seeding and three snapshots cost ~0.8 ms in a fresh process).
         """
         if not self.probe_as_worker:
-            return self._timed(*self._run_probe(local, task, watch=True))
+            return self._timed(*self._run_probe(task, watch=True))
         w = (task.seq - self.pool.epoch_start) % max(1, self.pool.num_workers or cpu_share())
         user = rng.RngState()
         before: rng.RngState | None = None
@@ -278,7 +275,7 @@ class Probe:
         try:
             if self.rng_sensitive or not self.rng_quiet:
                 before = self._seed_as(w)
-            result, cost = self._run_probe(local, task, watch=True)
+            result, cost = self._run_probe(task, watch=True)
             after = rng.RngState()
             moved = before is not None or not after.same(user)
             if before is None and moved:
@@ -286,7 +283,7 @@ class Probe:
                 # it again exactly as the worker would
                 user.restore()
                 before = self._seed_as(w)
-                result, _ = self._run_probe(local, task, watch=False)
+                result, _ = self._run_probe(task, watch=False)
                 after = rng.RngState()
         finally:
             if moved:
@@ -318,7 +315,7 @@ class Probe:
         return state
 
 
-    def _run_probe(self, local: Fetcher, task: Task, *, watch: bool) -> tuple[Result, float]:
+    def _run_probe(self, task: Task, *, watch: bool) -> tuple[Result, float]:
         """Make ``task`` here and time it; with ``watch``, a slow batch starts the workers."""
         # the run-queue clock first: a thread is preempted as a system call returns, such as
         # reading the clocks below (4-6 ms on 2 cores busy with 2 other loops), and read after
@@ -329,7 +326,6 @@ class Probe:
         cpu0 = time.process_time()
         own0 = time.thread_time()
         fresh = self.pool.recycler.fresh_s
-        local.schedule(task)
         start: Callable[[], None] | None = None
         if watch and not self.pool.launched and not self.copying:
             if self.pool.num_workers:
@@ -345,13 +341,10 @@ class Probe:
             # batches while this one, the second opinion, is made here
             start()
             start = None
-        forking = None if start is None else rules.CpuTimed(start, local.cpu_clock)  # the workers' start, from the watch
-        if forking is not None:
-            local.watch = (rules.SLOW_S, self._early_check(forking, t0, cpu0, rq0, first=not self.inline_costs))
-        try:
-            result = local.run(task)
-        finally:
-            local.watch = None
+        main = self.pool.main
+        forking = None if start is None else rules.CpuTimed(start, main.fetcher.cpu_clock)  # the workers' start, from the watch
+        result = main.run(task, None if forking is None else
+                          (rules.SLOW_S, self._early_check(forking, t0, cpu0, rq0, first=not self.inline_costs)))
         if forking is not None and forking.cpu_s and result.cpu is not None:
             # workers forked inside this batch, from its watch: that CPU time is not the batch's
             # (2 ms of waiting and 2 of Python a sample, batches of 2: 30 ms of CPU against 8 of
@@ -402,7 +395,7 @@ class Probe:
         if self.pool.auto is None or not self.pool.auto["fetch_threads"] or self.pool.started:
             return
         if alone_s is None:
-            alone_s = self.pool.local_fetcher().alone_s
+            alone_s = self.pool.main.fetcher.alone_s
         threads = self._threads_for(busy, alone_s)
         if threads != self.pool.threads:
             self.pool.threads = threads
@@ -427,9 +420,9 @@ class Probe:
         The tuner trims workers, threads and prefetch from what it then measures."""
         if self.no_core_left and busy >= rules.CROWDED_WAITS:
             return  # it computes: a worker would only take the training loop's core
-        threads = self._threads_for(busy, self.pool.local_fetcher().alone_s)
+        threads = self._threads_for(busy, self.pool.main.fetcher.alone_s)
         if threads != self.pool.threads:
-            self.pool.local_fetcher().set_threads(threads)
+            self.pool.main.fetcher.set_threads(threads)
         self.pool.apply(cpu_share(), threads, self.pool.prefetch)
         if self.on_early is not None:
             self.on_early()
