@@ -24,7 +24,7 @@ def _kind(cls: type) -> int:
         # ``items`` first (or a ``__getattr__`` that may supply it, as a proxy's does):
         # tree_map reads a Mapping through it, and the ABC check it spares tensors and arrays
         # walks every Mapping subclass in the process (~230 us the first time a
-        # torch.Tensor met it in a freshly forked process)
+        # torch.Tensor meets it in a freshly forked process)
         kind = _MAPPING
     elif issubclass(cls, tuple):
         kind = _NAMEDTUPLE if hasattr(cls, "_fields") else _TUPLE

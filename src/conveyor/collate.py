@@ -285,7 +285,7 @@ def collate(batch: Sequence[Any], *, collate_fn_map: CollateFnMap | None = None)
 
 
 def _transpose(batch: Sequence[Any]) -> list[tuple[Any, ...]]:
-    # zip checks the lengths itself: a loop of len() calls cost ~1 us of ~16 for a batch of 32 pairs
+    # zip checks the lengths itself: a loop of len() calls costs ~1 us of ~16 for a batch of 32 pairs
     try:
         return list(zip(*batch, strict=True))
     except ValueError:
@@ -395,10 +395,9 @@ def _stack_arrays_torch(batch: Sequence[Any], torch: ModuleType, tdtype: Any) ->
     """np.stack into a new torch tensor, or None when the arrays do not all agree.
 
     torch's way, a tensor per array and then torch.stack, costs ~1.4 us an array before
-    the stack: 52 us for 32 arrays of 16 floats against 15 us, and 5.6 against 2.6 ms for
-    32 float32 3x224x224 images. The values, dtype and shape are torch's, contiguous; as
-    with every batch conveyor builds through numpy, the storage cannot be resized
-    (``resize_``)."""
+    the stack (docs/decisions/collate-numpy-with-np-stack.md). The values, dtype and shape
+    are torch's, contiguous; as with every batch conveyor builds through numpy, the storage
+    cannot be resized (``resize_``)."""
     if not _arrays_agree(batch, exact=True):
         return None
     out = torch.empty((len(batch), *batch[0].shape), dtype=tdtype)

@@ -138,8 +138,8 @@ class ShardedIterable(IterableDataset[T]):
     ``source`` is an iterable (iterated afresh each epoch) or a function
     returning one. Rank and world size, unless given, are read each time
     iteration starts, as the worker is: a wrapper built before
-    ``init_process_group`` (a common order under ``mp.spawn``) gave every rank
-    the whole stream when they were read as it was built.
+    ``init_process_group`` (a common order under ``mp.spawn``) would give every
+    rank the whole stream if they were read as it is built.
 
     >>> list(ShardedIterable(range(7), rank=0, world_size=2))
     [0, 2, 4, 6]

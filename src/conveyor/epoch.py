@@ -126,11 +126,11 @@ class Run(TorchIteratorNames, Generic[T]):
     def begin(self) -> None:
         """Begin the sampler's iteration if no batch has been asked for yet: a state names
         the iteration its epoch is in. Without workers the sampler is read at the first
-        next(), as torch's is; a state taken before it described the sampler's previous
-        iteration (a custom sampler's state_dict()) or left the first draw from a global
+        next(), as torch's is; a state taken before it would describe the sampler's previous
+        iteration (a custom sampler's state_dict()) or leave the first draw from a global
         RNG out of the epoch (torch's RandomSampler without a generator), and the resumed
-        epoch was the one before, or later epochs differed. The draw now comes when the
-        state is asked for, as it does at iter() with workers."""
+        epoch would be the one before, or later epochs would differ. So the draw comes when
+        the state is asked for, as it does at iter() with workers."""
         if self.pool.seq == self.origin.first_seq:  # no batch asked for yet
             self.order.begin()
 
@@ -190,7 +190,7 @@ class Run(TorchIteratorNames, Generic[T]):
             self._warn_len()
         self.stats.handed(asked, time.perf_counter(), size, len(self.reorder))
         # every rules.RETUNE_EVERY batches the loader handed out, across epochs: counted per epoch,
-        # epochs of under 4 batches never fed the tuner ("not measured yet" for good)
+        # epochs of under 4 batches would never feed the tuner ("not measured yet" for good)
         if self.pool.tuner is not None and self.stats.batches % rules.RETUNE_EVERY == 0 and self.pool.probe.tuning():
             self.pool.probe.retune(self.loader.stats())
         return batch
@@ -257,10 +257,10 @@ class Run(TorchIteratorNames, Generic[T]):
                     else:
                         # the batch handed out leaves room for the next task now, as torch's
                         # loader refills when it hands one out. Refilled only at the next call,
-                        # one worker with prefetch_factor=1 idled through every training step
-                        # (10 ms loads, 10 ms steps: 22.0 ms a step, torch 13.3), and a stream
-                        # whose every result was waiting here never heard its last worker's end
-                        # (a state_dict saved after its last batch named the ended epoch)
+                        # one worker with prefetch_factor=1 would idle through every training
+                        # step, and a stream whose every result is waiting here would never hear
+                        # its last worker's end (a state_dict saved after its last batch would
+                        # name the ended epoch; docs/decisions/refill-on-every-hand-out.md)
                         self._fill()
                 out = self._take(r)
                 if out is not None:
@@ -286,8 +286,8 @@ class Run(TorchIteratorNames, Generic[T]):
     def poll(self, timeout: float) -> bool:
         """Wait up to ``timeout`` for what the workers send and take it in (``_absorb``); False
         when nothing came. Process workers' results are read and recorded with a Ctrl-C held
-        (``hold_ctrl_c``): one between the two lost the result, and a persistent loader's
-        later epochs waited for ever on the worker still counted as holding it."""
+        (``hold_ctrl_c``): one between the two would lose the result, and a persistent loader's
+        later epochs would wait for ever on the worker still counted as holding it."""
         ex = self.ex
         ready = ex.wait_ready(timeout)
         if not ready:
@@ -367,7 +367,7 @@ class Run(TorchIteratorNames, Generic[T]):
                 self.budget.count(list(r.skipped), samples=n, failed=len(r.skipped))
             except TooManyFailures:
                 if r.worker >= 0:
-                    self.ex.release(r)  # not handed out: its slot goes back (a persistent pool lost it for good)
+                    self.ex.release(r)  # not handed out: its slot goes back (a persistent pool would lose it for good)
                 raise
             n -= len(r.skipped)
         else:
@@ -405,8 +405,9 @@ class Run(TorchIteratorNames, Generic[T]):
             return
         # Batches ahead of the user, whether still in a worker or finished and waiting here,
         # number at most prefetch x workers, as torch's do: results are collected as soon as
-        # they arrive, and counting only the tasks still out let the workers run ever further
-        # ahead, holding shared memory and taking the training loop's CPU to do it.
+        # they arrive, and counting only the tasks still out would let the workers run ever
+        # further ahead, holding shared memory and taking the training loop's CPU to do it
+        # (docs/decisions/prefetch-counts-batches-ahead-of-user.md).
         room = n * cap - len(self.inflight) - len(self.reorder)
         rotation = self.rotation
         if room <= 0 and rotation.turn >= 0:
@@ -564,7 +565,7 @@ class Run(TorchIteratorNames, Generic[T]):
                 self.pool.close()
             elif not self.finished and not self.pool.dead:
                 # dropped mid-epoch (a ``break``) on persistent workers: the batches it was
-                # sent would hold their slots until close(), 5-10 MB more a break
+                # sent would hold their slots until close(), more memory at every break
                 self._release_buffered()
         except Exception:
             pass

@@ -61,9 +61,9 @@ class SkipBudget:
             try:
                 raise err from rebuild(first)
             finally:
-                # the exception would hold this frame, and the frame it: a cycle that kept the
+                # the exception would hold this frame, and the frame it: a cycle that keeps the
                 # epoch's workers, pipes and slots until a full collection, for a loop that
-                # catches it and goes on (15 epochs: 30 processes, 171 fds, 81 segments)
+                # catches it and goes on (docs/decisions/no-reference-cycles-to-workers.md)
                 del err
 
 

@@ -311,11 +311,12 @@ class DataLoader(Generic[T]):
         if not self._stats.began:
             if self.output == "torch" or self.seed is None:
                 # this iter() needs torch (tensors; torch's draw of the workers' base seed):
-                # imported before the clock starts, and timed apart. Inside, its ~1.7 s was
-                # the first batch's, and report() called it the workers' start-up
+                # imported before the clock starts, and timed apart. Inside, its seconds would
+                # be the first batch's, and report() would call them the workers' start-up
+                # (docs/decisions/torch-import-outside-the-clock.md)
                 self._stats.torch_import_s = _torch.import_s()
             # the clock of first_batch_s, throughput and the trace starts here, not when the loader
-            # was made: the model built and moved meanwhile (seconds) read as the workers' start-up
+            # was made: the model built and moved meanwhile (seconds) would read as the workers' start-up
             self._stats.begin()
         else:
             self._stats.run_start()  # the time since the last epoch (or a break) is no step
@@ -393,7 +394,7 @@ class DataLoader(Generic[T]):
         if persistent:
             # torch's loader has one iterator over persistent workers, which iter() resets: an
             # iterator taken before goes on with the new epoch (a batch peeked at mid-epoch,
-            # zip(loader, loader)), where ending it shortened the epoch without a word
+            # zip(loader, loader)), where ending it would shorten the epoch without a word
             for old in taken:
                 old.successor = run
         self._runs.add(run)
@@ -430,7 +431,7 @@ class DataLoader(Generic[T]):
     def _inline_pool(self, base_seed: int) -> Pool:
         """The pool of a run without workers. One made in the main process alone (no workers,
         no "auto", no fetch threads, a map-style dataset) holds nothing to close and serves
-        every epoch: making it cost ~15 us an epoch, a real share of an epoch of in-memory
+        every epoch: making one each epoch costs ~15 us, a real share of an epoch of in-memory
         arrays. So does an "auto" pool once its choice of the main process is pinned
         (``Pool.serves_every_epoch``). Setting any public attribute of the loader drops it
         (see ``__setattr__``)."""
@@ -521,8 +522,8 @@ class DataLoader(Generic[T]):
         snap["persistent_workers"] = self.persistent_workers
         snap["keeps_files"] = False  # (report: fetch threads of a worker would share its open files)
         if pool is not None:
-            # workers that started count, also while the pool still probes (a short epoch of
-            # thread workers read as num_workers=0, and report() advised what was set already)
+            # workers that started count, also while the pool still probes (else a short epoch of
+            # thread workers reads as num_workers=0, and report() advises what was set already)
             snap["num_workers"] = pool.num_workers if pool.mode == Mode.WORKERS or pool.launched else 0
             snap["fetch_threads"] = pool.threads
             snap["prefetch_factor"] = pool.prefetch if pool.num_workers else None

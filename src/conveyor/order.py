@@ -38,16 +38,17 @@ class Repeat:
 class ReadAhead:
     """A sampler's batches read ``len(head)`` ahead of the batches made, as torch's loader
     with workers reads them: it takes ``prefetch_factor * num_workers`` at iter() and one
-    more for each batch it hands out. Batches made in the main process (adaptive, with the
-    user's workers kept back) read the sampler only as far as the batch being made, so an
-    epoch that ended without the StopIteration (``zip(range(len(loader)), loader)``, a
-    trainer counting ``len(loader)`` batches, a break in its last few) never ran the sampler
-    out: torch's RandomSampler draws one more permutation from the generator then, and every
-    later epoch's order differed from torch's. While the pool's workers make the batches
-    they read ahead as they are sent batches (``Run._fill``), and ``top_up`` reads the rest
-    of torch's count when a batch is handed out: a worker still holding its share (its results
-    not yet read from the pipe) is sent nothing then, and how far the sampler had been read
-    when an epoch was left depended on the workers' timing."""
+    more for each batch it hands out. Without it, batches made in the main process (adaptive,
+    with the user's workers kept back) would read the sampler only as far as the batch being
+    made, so an epoch that ends without the StopIteration (``zip(range(len(loader)), loader)``,
+    a trainer counting ``len(loader)`` batches, a break in its last few) would never run the
+    sampler out: torch's RandomSampler draws one more permutation from the generator then, and
+    every later epoch's order would differ from torch's. While the pool's workers make the
+    batches they read ahead as they are sent batches (``Run._fill``), and ``top_up`` reads the
+    rest of torch's count when a batch is handed out: a worker still holding its share (its
+    results not yet read from the pipe) is sent nothing then, and how far the sampler is read
+    when an epoch is left would otherwise depend on the workers' timing
+    (docs/decisions/sampler-read-ahead-as-torch.md)."""
 
     __slots__ = ("buf", "src", "made_here", "done", "drawn")
 
@@ -158,7 +159,7 @@ def digested(batches: Iterator[Any], digests: array.array, d: int, learn: tuple[
     those alone (and torch's, cheap to copy); see replay.Mark.
 
     A function, not a method of the run: the run holds this generator, and a generator of its
-    own would hold the run, a cycle that kept an epoch broken off early (a torch sampler, a
+    own would hold the run, a cycle that keeps an epoch broken off early (a torch sampler, a
     ``break``) and its workers alive until a full collection: two more processes an epoch."""
     for b in batches:
         if learn is not None:
@@ -188,8 +189,8 @@ def reads_ahead_freely(loader: DataLoader[Any]) -> bool:
     torch's (docs/determinism.md, docs/decisions/worker-path-profile.md)."""
     if loader._own_sampler and loader.generator is None:
         # (a seed the loader takes from a generator is no seed mode: its shuffle draws from
-        # the generator, and grouped tasks read it to its end early: the next epoch's order
-        # and the workers' seeds differed from torch's after an epoch left 4-7 batches early)
+        # the generator, and grouped tasks would read it to its end early: the next epoch's order
+        # and the workers' seeds would differ from torch's after an epoch left a few batches early)
         return True
     return is_stateless(loader._index_sampler)
 

@@ -169,7 +169,7 @@ def plot_timeline(stats: Stats | Any, path: str | os.PathLike[str], *, setting: 
                            fontsize="small")
     what = f"conveyor, {setting}" if setting else "conveyor"
     # the setting alone (the legend names the colours), wrapped to the figure: one window's
-    # 7 inches cut a longer title at both ends
+    # 7 inches cuts a longer title at both ends
     fig.suptitle(textwrap.fill(what, width=60 * len(windows)), fontsize="medium")
     return _save(plt, fig, path)
 
@@ -190,7 +190,7 @@ def plot_sweep(results: Iterable[dict[str, Any]], path: str | os.PathLike[str]) 
         pts.sort()
         ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=name)
     ax.set_xlabel("num_workers")
-    ax.xaxis.get_major_locator().set_params(integer=True)  # (it drew ticks at 1.9, 2.0, 2.1 workers)
+    ax.xaxis.get_major_locator().set_params(integer=True)  # (else it draws ticks at 1.9, 2.0, 2.1 workers)
     ax.set_ylim(bottom=0)
     ax.set_ylabel("samples / s")
     ax.set_title("throughput against worker count")

@@ -114,7 +114,7 @@ class Pool:
         """Is this an "auto" pool that settled on the main process for good (its choice of no
         workers and one thread pinned, no worker ever started)? Such a pool holds nothing an
         epoch must renew, so later epochs share it, as a loader without workers shares its
-        own: making and closing one cost "auto" ~100 us an epoch."""
+        own: making and closing one costs "auto" ~100 us an epoch."""
         tuner = self.tuner
         return (self.auto is not None and tuner is not None and tuner.pinned and self.mode == Mode.INLINE
                 and self.num_workers == 0 and self.threads == 1 and not self.launched and not self.dead
@@ -148,10 +148,10 @@ class Pool:
                 raise RuntimeError("this DataLoader's workers were shut down")
             if self.tuner is not None:
                 # the RAM budget is the memory free before the workers take theirs: read after
-                # their start, what they hold was missing from it and then charged to it again
+                # their start, what they hold would be missing from it and then charged to it again
                 _ = self.tuner.ram
-            # started and recorded with a Ctrl-C held: one in between left an executor nothing
-            # closes (its workers ended unjoined, their process objects' pipes open for good)
+            # started and recorded with a Ctrl-C held: one in between would leave an executor nothing
+            # closes (its workers ending unjoined, their process objects' pipes open for good)
             with hold_ctrl_c():
                 me = weakref.ref(self)
                 ex = self.launcher.start(self.spec, lambda: getattr(me(), "spec", None), self.num_workers,
@@ -292,8 +292,8 @@ def close_all(closers: list[Any]) -> None:
 def pinner(loader: DataLoader[Any]) -> Callable[[Any], Any] | None:
     """The SlotPinner of ``pin_memory=True``, or of ``device=`` a CUDA device: batches from
     process workers are then page-locked where they lie, in their registered slots, and the
-    device stage copies them without first copying them into pinned memory (5-8 against
-    54 GB/s for a 64x3x224x224 batch on an H200)."""
+    device stage copies them without first copying them into pinned memory
+    (docs/decisions/fence-registered-slots.md)."""
     torch = _torch.get() if loader.pin_memory or loader._device_args is not None else None
     to_cuda = torch is not None and loader._device_args is not None and is_cuda(torch, loader._device_args[0])
     if not (loader.pin_memory or to_cuda):

@@ -58,8 +58,8 @@ def _stream_over(run: Run[Any], take_in: bool) -> bool:
     if (take_in and any(live) and run.inflight and run.loader._device_stage is None
             and run.ex.kind != "inline" and threading.get_ident() == run.thread):
         # the workers' word may be waiting in the pipes: take it in (no batch is handed out).
-        # Only in the thread that iterates: a checkpoint thread's poll ran into the loop's
-        # ("concurrent poll() invocation"), and its refill wrote orders into the same pipes
+        # Only in the thread that iterates: a checkpoint thread's poll would run into the loop's
+        # ("concurrent poll() invocation"), and its refill would write orders into the same pipes
         run.poll(0)
     if run.inflight:
         return False
@@ -84,7 +84,7 @@ def check_replicas(loader: DataLoader[Any], resume: dict[str, Any]) -> None:
     Each worker's copy of an IterableDataset shards the stream by the worker count, and
     a stream cannot seek: the resumed epoch makes again the batches each replica had
     handed out and drops them. With another count the shards differ, and dropping by
-    count lost and repeated samples without a word."""
+    count would lose and repeat samples without a word."""
     replicas = resume.get("replicas")
     if not loader._iterable or resume["finished"] or not replicas:
         return
@@ -257,7 +257,7 @@ def load(loader: DataLoader[Any], state: dict[str, Any]) -> None:
 
 def check_position(loader: DataLoader[Any], state: dict[str, Any]) -> None:
     """Refuse a state that names no position this loader can reach (checked before any of
-    it is taken): each was loaded, and the loader resumed elsewhere without a word."""
+    it is taken): else it would be loaded, and the loader would resume elsewhere without a word."""
     total = None if loader._iterable else sized(loader._index_sampler)  # batches in an epoch
 
     def whole(v: Any) -> bool:

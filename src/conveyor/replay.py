@@ -47,7 +47,7 @@ def digest(previous: int, batch: Any) -> int:
 def _plain(batch: Any) -> Any:
     """Indices as Python ints, so equal batches digest alike: numpy integers and tensors
     pickle with more than their value (a 0-d tensor view's storage, which differs from
-    run to run, made every resume of a sampler yielding ``randperm(n).unbind()`` warn)."""
+    run to run, would make every resume of a sampler yielding ``randperm(n).unbind()`` warn)."""
     if isinstance(batch, (list, tuple)):
         if not batch or type(batch[0]) is int:  # torch's samplers: a list of ints, as it is
             return batch

@@ -47,7 +47,7 @@ def _mean_batch(snap: dict[str, Any]) -> tuple[float, float | None]:
 def _per_batch(snap: dict[str, Any]) -> tuple[float, float | None]:
     """A worker's mean wall and CPU seconds per batch (CPU: None where not reported). Where
     workers made batches, the main process's (probing batches, paying first calls' costs,
-    made with other threads) are left out: they made a short run's "N workers" larger."""
+    made with other threads) are left out: they would make a short run's "N workers" larger."""
     n = busy = cpu = 0.0
     cpu_n = 0
     made = snap.get("workers", {})
@@ -67,8 +67,8 @@ def _per_batch(snap: dict[str, Any]) -> tuple[float, float | None]:
 def _core_busy(snap: dict[str, Any]) -> float | None:
     """The share of one core a worker keeps busy while it makes batches (None: not reported).
     Fetch threads that hold the GIL take turns: each fetch then computes a 1/threads share
-    of its time, yet the core is full and more threads cannot help (each report asked for
-    twice the threads, 1.50 s -> 1.57 s an epoch, from 1 to 8)."""
+    of its time, yet the core is full and more threads cannot help
+    (docs/decisions/report-advises-from-what-sets-the-pace.md)."""
     mean, cpu = _per_batch(snap)
     return min(1.0, cpu / mean) if cpu is not None and mean > 0 else None
 
@@ -91,8 +91,7 @@ def _busy_fractions(snap: dict[str, Any]) -> dict[int, float]:
 
 def _uneven(snap: dict[str, Any]) -> str | None:
     """Is one worker busy most of the time and another far less? (An IterableDataset's shards
-    of 300 and 100 items: a third worker, advised for the mean, gained nothing; even shards
-    took 32% less.)"""
+    of unequal length: a worker more, advised for the mean, gains nothing; even shards do.)"""
     busy = _busy_fractions(snap)
     if len(busy) < 2:
         return None
@@ -109,8 +108,8 @@ def _why_slow_though_enough(snap: dict[str, Any], nw: int, mean: float) -> str:
     batch yet, their start-up, batches of uneven cost, or (failing that) the hand-over."""
     made = {int(k): w.get("batches", 0) for k, w in snap.get("workers", {}).items()}
     if not any(b for k, b in made.items() if k >= 0) and made.get(INLINE):
-        # spawned workers import afresh (seconds): a short run is made here meanwhile (it read
-        # "the time goes to handing batches over" of batches no worker had handed over)
+        # spawned workers import afresh (seconds): a short run is made here meanwhile (else it
+        # reads "the time goes to handing batches over" of batches no worker handed over)
         return (f"the main process made all {made[INLINE]} batches while the workers started up; "
                 "they take over in a longer run")
     n = sq = 0.0
@@ -127,8 +126,8 @@ def _why_slow_though_enough(snap: dict[str, Any], nw: int, mean: float) -> str:
                 f"order a slow one holds back those behind it: {fix}")
     ready = float(snap.get("mean_ready_batches") or 0.0)
     if ready >= 1.0:
-        # batches were waiting made: more in flight cannot help (prefetch_factor=8, 14 ready
-        # on average, waited as long as the default did, and was told to raise it again)
+        # batches were waiting made: more in flight cannot help, so a larger prefetch_factor
+        # is no advice here
         per = float(snap.get("wait_per_batch_s") or 0.0)
         return (f"{ready:.1f} batches were ready on average, so the wait ({per * 1e3:.2f} ms a batch) is the "
                 "main process taking each batch in, which a larger prefetch_factor does not shorten")
@@ -314,7 +313,7 @@ def report(snap: dict[str, Any], cores: int | None = None) -> str:
     threadable = not snap.get("iterable") and not snap.get("batch_getitems")  # (the loader refuses threads)
     storage = ""
     if ratio is None and threadable and threads < 64:
-        # (it advised fetch_threads beside the 64 that ran)
+        # (no such advice where 64, the most a worker takes, already run)
         storage = (", or use fetch_threads if fetches wait on storage" if threads == 1 else
                    f", or raise fetch_threads (now {threads}) if fetches wait on storage")
     parts: list[str] = []
@@ -323,8 +322,8 @@ def report(snap: dict[str, Any], cores: int | None = None) -> str:
     lose = workers_lose(snap)
     if snap.get("steps") == 0:
         # epochs of one batch (a small validation set): no step between two batches was
-        # timed, and the wait is all of the measured time (it read "100% of each step is
-        # spent waiting; the training loop takes (almost) no time")
+        # timed, and the wait is all of the measured time (else it reads "100% of each step
+        # is spent waiting; the training loop takes (almost) no time")
         parts.append(_one_batch_epochs(snap, mean, nw))
     elif not_started and wf >= HIDDEN:
         # adaptive kept the batches here (``Probe._start_outweighs``): more workers is no advice
@@ -344,7 +343,7 @@ def report(snap: dict[str, Any], cores: int | None = None) -> str:
             parts.append(f"{head}; {start_up}")
         elif idle is not None:
             # the loop waits while the workers idle: what limits it is the main process taking
-            # batches in (it read "20 workers would hide it" of 2 workers busy 30% of the time)
+            # batches in, which more workers (the mean's advice) cannot speed up
             per = float(snap.get("wait_per_batch_s") or 0.0)
             enough = max(1, math.ceil(nw * (1.0 - idle) - 1e-9))
             fix = (f": batches this cheap ({mean * 1e3:.2f} ms) are faster made there, num_workers=0"
@@ -411,7 +410,7 @@ def report(snap: dict[str, Any], cores: int | None = None) -> str:
         extra = ""
         if need is not None and need > nw:
             # as the bottleneck's advice: fetches that wait want threads, and no more workers
-            # than the cores free for them (3 workers on 3 cores were told "4 would hide the rest")
+            # than the cores free for them
             if io_bound and threadable:
                 extra = "; more fetch_threads would hide the rest"
             elif need <= cores and not io_bound and not snap.get("shared_cores"):
@@ -461,7 +460,7 @@ def report(snap: dict[str, Any], cores: int | None = None) -> str:
                          "(opening files, first imports), paid once")
     imported = snap.get("torch_import_s")
     if imported is not None and imported >= 0.1:
-        # timed apart from the loader's clock (it read as the workers' start-up)
+        # timed apart from the loader's clock, so that it does not read as the workers' start-up
         parts.append(f"importing torch took {imported:.1f} s before the first batch (once per process, outside "
                      "the loader's times)")
     return ". ".join(p[0].upper() + p[1:] if i else p for i, p in enumerate(parts)) + "."

@@ -47,11 +47,11 @@ _KIND_CODE = {k: i for i, k in enumerate(KINDS)}
 class Trace:
     """Timeline events ``(kind, worker, start, end)``, packed in one flat array.
 
-    A deque of tuples kept a tuple, two floats and a GC-tracked allocation per event:
-    three a batch, up to the limit, enough to set off the cyclic collector every ~250
-    batches and, once ~40 thousand had piled up, a full collection of every object of
-    the process (~0.1 s with torch imported) in the middle of an epoch. Here an event
-    is four doubles in one array and no object (one ``extend`` an event instead of an
+    A deque of tuples would keep a tuple, two floats and a GC-tracked allocation per event:
+    three a batch, up to the limit, enough to set off the cyclic collector every few
+    hundred batches and, as they pile up, a full collection of every object of the
+    process in the middle of an epoch (docs/decisions/trace-in-flat-arrays.md). Here an
+    event is four doubles in one array and no object (one ``extend`` an event instead of an
     append to each of four arrays). Tracing still costs ~3-4 us of the ~100 us the main
     process spends on a batch it makes itself, in the training loop's caches more than
     in its own time. Iterating gives the tuples back. Past ``limit`` events the rest are
@@ -225,8 +225,8 @@ class Stats:
         got at ``got``) with nothing else going on: ``result(INLINE, ...)`` then ``handed``,
         folded in later.
 
-        Bookkeeping a batch as it went cost as much again in the training step after it,
-        whose memory it pushed out of the caches: one ``extend`` here, and the totals and
+        Bookkeeping a batch as it goes costs as much again in the training step after it,
+        whose memory it pushes out of the caches: one ``extend`` here, and the totals and
         the trace catch up on the next read, or every ``PENDING_MAX`` batches
         (docs/decisions/lean-path-for-main-process-batches.md)."""
         pending = self.pending
@@ -237,9 +237,9 @@ class Stats:
     def flush(self) -> None:
         """Fold the lean path's batches into the totals and the trace, in the order they came:
         what ``result(INLINE, ...)`` and ``handed`` record batch by batch, in one loop over
-        local sums (an epoch's first batch asks for it: through those two calls it cost ~90
-        us of each diabetes epoch's first ``next()``, ~3.6 us a batch; numpy over so few
-        rows costs more)."""
+        local sums (an epoch's first batch asks for it: through those two calls it would cost
+        ~3.6 us a batch, all in that ``next()``; numpy over so few rows costs more;
+        docs/decisions/lean-path-for-main-process-batches.md)."""
         pending = self.pending
         if not pending:
             return
@@ -354,8 +354,9 @@ class Stats:
     def run_start(self) -> None:
         """An iter() after an earlier one: the time since the last epoch ended, or since the
         last batch handed out of one left early (a ``break`` for validation), is neither a
-        training step nor the loader's time: it counted as one step (a 1 s pause after 4
-        batches of a 10 ms loop read a 63 ms step, and report() found the workers idle)."""
+        training step nor the loader's time: counted as one step, it would swell the mean
+        step, and report() would find the workers idle
+        (docs/decisions/clock-stops-between-epochs.md)."""
         paused = self.paused_at if self.paused_at is not None else self._last_got()
         if paused is None:
             return  # nothing handed out yet
@@ -431,7 +432,7 @@ class Stats:
         self.paused_at = time.perf_counter() if at is None else at
         if self.pending:
             # after lean-path batches: a mark among them, folded in with them (a fold here
-            # cost ~45 us at the end of each diabetes epoch, ~0.5% of one)
+            # would cost a share of every short epoch)
             self.pending.extend(_EPOCH_END)
             if len(self.pending) >= 5 * PENDING_MAX:
                 self.flush()
@@ -443,8 +444,8 @@ class Stats:
         """Plain numbers (JSON-able): what ``loader.stats()`` returns, before the loader's settings."""
         self.flush()
         # the loader's clock: from the first iter() to now, or to where it went idle (an
-        # epoch's end), less the time between runs; read after a run it holds still (it
-        # fell with the seconds since, and report() found the workers idle)
+        # epoch's end), less the time between runs; read after a run it holds still (else it
+        # falls with the seconds since, and report() finds the workers idle)
         now = self.paused_at if self.paused_at is not None else time.perf_counter()
         elapsed = max(1e-9, now - self.started - self.idle_s)
         total = self.wait_s + self.step_s
@@ -462,7 +463,7 @@ class Stats:
                 "work_s": t.work_s if t.work_batches else None,
                 "work_batches": t.work_batches,
                 # of the time since its first batch began (or the clocks started): a worker
-                # the tuner added late read as idle, and report() blamed the data ("uneven")
+                # the tuner adds late would read as idle, and report() would blame the data ("uneven")
                 "busy_fraction": min(1.0, t.busy_s / max(1e-9, now - max(self.started, t.since or 0.0)
                                                           - (self.idle_s - t.idle_before))),
                 "rss": t.rss or None,
@@ -582,7 +583,7 @@ def write_trace(stats: Stats | Any, path: str | os.PathLike[str]) -> Path:
     other: dict[str, Any] = {"clock": "time.perf_counter (CLOCK_MONOTONIC)", "generator": "conveyor"}
     dropped = st.trace.dropped
     if dropped:
-        # (a 45,000-batch run ended at 1.81 s of its 2.31 s without a word)
+        # (else a long run's trace ends before the run does, without a word)
         other["dropped_events"] = dropped
         other["note"] = f"the first {st.trace_limit} events are kept; {dropped} later ones were left out"
         warnings.warn(f"the trace holds the run's first {st.trace_limit} events; {dropped} later ones were "

@@ -30,8 +30,8 @@ _in_callback = False  # _see_full_collections is starting the thread that sends 
 
 # Python 3.12's collector keeps immortal objects in the frozen generation: 375 at start on
 # 3.12.1, back after every collection even once unfrozen (3.11 and 3.13 start with none).
-# Counted as the user's freeze, they kept every freeze of ours in place for good, and
-# loaders dropped in a reference cycle were never collected. Only a count above this
+# Counted as the user's freeze, they would keep every freeze of ours in place for good, and
+# loaders dropped in a reference cycle would never be collected. Only a count above this
 # baseline is the user's. (A user who froze before importing conveyor on 3.12 is then
 # taken for one who did not: the last pool's close unfreezes their objects too.)
 _FROZEN_AT_START = gc.get_freeze_count() if sys.version_info[:2] == (3, 12) and hasattr(gc, "freeze") else 0
@@ -47,9 +47,10 @@ def freeze(collect: bool = True) -> None:
         # another pool holds the freeze: a loader dropped since in a reference cycle was frozen
         # with everything else and could never be collected (nor its workers stopped). Collect
         # such loaders now, once, before freezing anew. Only for a loader's first workers (a
-        # new loader, as in k-fold): a full collection of a large heap takes ~0.3 s, and a
-        # validation loader iterated every few steps would pay it every pass. (A full
-        # collection unfreezes for its duration: _see_full_collections.)
+        # new loader, as in k-fold): a full collection of a large heap is slow, and a
+        # validation loader iterated every few steps would pay it every pass
+        # (docs/decisions/gc-freeze-while-fork-workers-live.md). (A full collection
+        # unfreezes for its duration: _see_full_collections.)
         gc.collect()
         if _freezes == 0:  # the collection closed the pools that held it
             _user_froze = gc.get_freeze_count() > _FROZEN_AT_START
@@ -67,11 +68,11 @@ def _see_full_collections(phase: str, info: dict[str, int]) -> None:
 
     A signal that arrives during a collection is handled at the first call Python makes
     after it, and an exception raised in a gc callback (or a finalizer the collection runs)
-    is reported as ignored: a Ctrl-C there was lost. So nothing is called before a young
+    is reported as ignored: a Ctrl-C there is lost. So nothing is called before a young
     collection returns, and a KeyboardInterrupt raised at the (un)freeze is sent to the main
-    thread again once the collection is over and this callback has returned. (It was sent
-    from a timer 1 ms after it was taken: on a busy machine the timer's signal landed while
-    this callback still waited for the timer thread to start, and was lost in turn.)"""
+    thread again once the collection is over and this callback has returned. (Not from a
+    timer: on a busy machine the timer's signal can land while this callback still waits for
+    the timer thread to start, and is lost in turn; docs/decisions/ctrl-c-is-never-lost.md.)"""
     global _sigint_held, _in_callback
     if info["generation"] != 2:  # no call: see above
         return

@@ -21,8 +21,8 @@ def steady_malloc(keep_mb: int = WORKER_HEAP_KEEP_MB) -> bool:
     A collate_fn that calls ``torch.stack`` itself allocates each batch with malloc. Left to its
     dynamic thresholds, glibc sometimes hands the freed batch back to the kernel (a trim, or an
     mmap'd chunk) and faults every page of the next batch in again, and sometimes reuses it:
-    which one depends on the heap's history, so whole runs split in two (detection, batch 16
-    of 3x256x256: 0.06 s or 0.25 s for 256 batches with 2 workers). Fixing the thresholds at
+    which one depends on the heap's history, so the same run is fast or slow by chance
+    (docs/decisions/fixed-malloc-thresholds-in-workers.md). Fixing the thresholds at
     the values glibc's own heuristic may reach (mmap above ``keep_mb``/2, at most 32 MB; trim
     above ``keep_mb``) makes the reuse certain, for at most ``keep_mb`` of idle heap per worker.
     Only in conveyor's own worker processes, never the user's; a malloc the user tuned through
@@ -50,10 +50,9 @@ def as_if_freed(nbytes: int) -> None:
 
     Freeing a large (mmapped) chunk makes glibc raise its mmap threshold to that size and
     its trim threshold to twice it, so that the heap stops going back to the kernel after
-    every batch. A kept buffer is never freed, so that never happened: each batch's
-    samples were faulted in anew (numpy 3x64x64 float32 samples in batches of 128: 43.7k
-    page faults and 0.22 s an epoch, against 5.3k and 0.11 s with nothing kept). Freeing a
-    chunk of the same size, never touched, does it (glibc does nothing where the user has
+    every batch. A kept buffer is never freed, so that does not happen on its own: each
+    batch's samples are faulted in anew (docs/decisions/recycle-large-batch-memory.md).
+    Freeing a chunk of the same size, never touched, does it (glibc does nothing where the user has
     set the thresholds, or past its 32 MB cap)."""
     global _libc
     if _libc is None:

@@ -28,8 +28,8 @@ class hold_ctrl_c:  # noqa: N801 - used as a statement: ``with hold_ctrl_c():``
     """Holds a Ctrl-C that comes inside the block and raises it once the block is over.
 
     For bookkeeping that must not be cut in two: a result read from a worker's pipe and not
-    yet recorded was lost to a KeyboardInterrupt between the two, and its worker stayed
-    counted as holding it (round robin then never gave it another batch). Python raises the
+    yet recorded is lost to a KeyboardInterrupt between the two, and its worker stays
+    counted as holding it (round robin then never gives it another batch). Python raises the
     interrupt at whatever bytecode it reaches, so the block swaps SIGINT's Python handler for
     one that notes the signal, and calls the original with it at the end. Nested blocks swap
     once; outside the main thread (no Python signal handler runs there) and where SIGINT's
@@ -40,9 +40,9 @@ class hold_ctrl_c:  # noqa: N801 - used as a statement: ``with hold_ctrl_c():``
     With ``later``, the Ctrl-C is kept past the block, for ``deliver()`` once the caller has
     recorded what the block made: forking runs ``os.register_at_fork`` hooks in the parent
     (logging's lock release), a KeyboardInterrupt raised in one is reported as ignored and
-    the training loop went on (3 of 30 interrupted runs with 2 workers, 12 of 40 during
-    worker restarts); raised at the block's end, it came before the new worker was recorded
-    for close() to stop. Inside another block, the outer one raises it at its end.
+    the training loop goes on (docs/decisions/ctrl-c-is-never-lost.md); raised at the block's
+    end, it would come before the new worker is recorded for close() to stop. Inside another
+    block, the outer one raises it at its end.
     """
 
     __slots__ = ("on", "later", "kept")
@@ -102,8 +102,8 @@ HOLD_SIGPIPE = hasattr(signal, "SIGPIPE") and hasattr(signal, "sigtimedwait") an
 def no_sigpipe() -> Iterator[None]:
     """A write to a pipe whose reader is gone raises BrokenPipeError, also where the program
     set SIGPIPE to its default (the idiom that lets ``| head`` end a script): that kills the
-    process, silently, at the write. A worker that had stopped was told to stop once more as
-    it was reaped, and the training process died with status 141 at the end of each epoch.
+    process, silently, at the write. A stop sent once more to a worker that has stopped (as
+    it is reaped) would kill the training process with status 141 at the end of each epoch.
     The signal is held for this thread while it writes, and one the write raised taken."""
     old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGPIPE})
     try:

@@ -48,8 +48,8 @@ class _TorchDataImported:
     """An import hook for a worker that started without torch, whose dataset imports it
     later and asks ``torch.utils.data.get_worker_info()`` (to shard a stream, say): right
     after ``torch.utils.data`` has run, a process worker's info is given to torch, and
-    thread workers' routing is put in place. Without it each worker heard ``None`` and
-    read the whole stream: every sample came once per worker."""
+    thread workers' routing is put in place. Without it each worker hears ``None`` and
+    reads the whole stream: every sample comes once per worker."""
 
     def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
         if fullname != "torch.utils.data":
@@ -116,10 +116,10 @@ def _route(tdata: Any, tworker: Any) -> None:
 
     The usual idiom, ``from torch.utils.data import get_worker_info`` at the top of the
     dataset's module, binds torch's function object before any worker starts: replacing
-    the module attribute left that name answering None in every thread worker, so each
-    read the whole stream. The function object itself is changed instead: its body, a
+    the module attribute would leave that name answering None in every thread worker, so each
+    would read the whole stream. The function object itself is changed instead: its body, a
     bare ``return _worker_info``, becomes a call of the router, set in torch's module.
-    A torch whose function has another body gets the module attribute replaced, as before.
+    A torch whose function has another body gets the module attribute replaced.
     """
     with _routed:
         if getattr(tworker, "_conveyor_worker_info", None) is not None:

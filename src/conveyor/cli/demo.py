@@ -129,8 +129,8 @@ def _fastest_each(makes: Sequence[Callable[[], Any]], repeats: int, epochs: int,
                   ) -> list[tuple[tuple[dict[str, float], Any], list[float]]]:
     """``_fastest`` for several settings at once, their runs taken in turn (round after
     round, not one setting's runs in a block): a minute of other work on a shared machine
-    slows a run of each setting alike instead of every run of one (a sequential sweep once
-    put conveyor's num_workers=0 at 3.55 s and num_workers=2, the same path, at 0.11 s)."""
+    slows a run of each setting alike instead of every run of one
+    (docs/decisions/demo-times-settings-in-turn.md)."""
     best: list[tuple[dict[str, float], Any] | None] = [None] * len(makes)
     seconds: list[list[float]] = [[] for _ in makes]
     for _ in range(repeats):
@@ -204,9 +204,8 @@ def run(args: argparse.Namespace) -> int:
     """The demo, with the model's torch on ``--torch-threads`` intra-op threads (then put back).
 
     torch's default is a thread per core, which on few cores spin against the loaders'
-    worker processes: on 2 cores the rounds of one setting ran 2.03 and 4.21 s, the training
-    step swamping any difference in loading (the benchmarks pin one thread for the same
-    reason). With one thread every round took ~0.1 s."""
+    worker processes, the training step's noise swamping any difference in loading (the
+    benchmarks pin one thread for the same reason; docs/decisions/demo-times-settings-in-turn.md)."""
     if not _torch.available():
         return _run(args)
     torch = _torch.get()

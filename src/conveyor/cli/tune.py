@@ -185,7 +185,7 @@ def run(args: argparse.Namespace) -> int:
 def _batch_len(batch: Any, default: int) -> int:
     """The samples in a collated batch: the leading dimension of its first array, field by
     field, else the length of its first list of plain values (collated strings stay a list:
-    a batch of (names, images) counted its 2 fields), else ``default``."""
+    a batch of (names, images) would count its 2 fields), else ``default``."""
     todo = [batch]
     plain: int | None = None
     while todo:

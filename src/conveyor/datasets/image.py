@@ -57,9 +57,9 @@ def pil_loader(path: str, size: Size | None = None) -> Any:
 
 def _requested_size(transform: object) -> Size | None:
     """The size a resize asks for (its ``size`` attribute), when the transform is one or
-    starts with one. Only a resize: drafting down to a crop's size before the crop cut
-    its region from a scaled-down image (CenterCrop(224) of a 1024-pixel JPEG spanned
-    nearly the whole picture; RandomResizedCrop's crops came out blurred)."""
+    starts with one. Only a resize: drafting down to a crop's size before the crop would cut
+    its region from a scaled-down image (CenterCrop(224) of a 1024-pixel JPEG would span
+    nearly the whole picture; RandomResizedCrop's crops would come out blurred)."""
     for candidate in (transform, *(getattr(transform, "transforms", None) or ())[:1]):
         if not type(candidate).__name__.endswith("Resize"):
             continue

@@ -46,9 +46,9 @@ def fetches_batches(dataset: Any) -> bool:
 
     torch's ``Subset`` (what ``random_split`` returns) and ``StackDataset`` define one that
     only loops over ``dataset[i]`` when what they wrap has none: those give the same samples
-    one index at a time, and are fetched so, concurrently when there are fetch threads (a
-    ``random_split`` of data on slow storage otherwise fetched each batch one sample after
-    another whatever ``fetch_threads`` said). As torch, ``__getitems__ = None`` means none."""
+    one index at a time, and are fetched so, concurrently when there are fetch threads
+    (otherwise a ``random_split`` of data on slow storage fetches each batch one sample after
+    another whatever ``fetch_threads`` says). As torch, ``__getitems__ = None`` means none."""
     if not getattr(dataset, "__getitems__", None):
         return False
     tdata = sys.modules.get("torch.utils.data")
@@ -99,8 +99,8 @@ class Fetcher:
         # little. (cpu clock, wall clock, runs, core clock) where the current span began;
         # None: not yet. With fetch threads the first span is as long as the rest: threads
         # started with the worker fetch ahead, so its first batches are drawn from what they
-        # fetched before the span began (a worker of 64 threads made 3 batches in 2.2 ms of
-        # wall and 2.3 ms of CPU: a full core, read as "fewer threads would do").
+        # fetched before the span began, and a short first span reads as a full core: "fewer
+        # threads would do" (docs/decisions/tuner-reads-lane-time-and-core-share.md).
         # The main process, which trains between its batches, times each sampled batch alone.
         self.spans = worker_id is not None
         self.span_mark: tuple[float, float, int, float] | None = None
@@ -343,8 +343,8 @@ class Fetcher:
 
     def close(self, wait_s: float = 5.0) -> None:
         """Stop the fetch threads, waiting ``wait_s`` seconds at most: one stuck in a fetch
-        that never returns (a hung network read) held close() for ever, a Ctrl-C too. Such a
-        thread is left (a daemon) and no longer holds up seeded fetches elsewhere."""
+        that never returns (a hung network read) would hold close() for ever, a Ctrl-C too.
+        Such a thread is left (a daemon) and no longer holds up seeded fetches elsewhere."""
         if self.pool is not None:
             pool, self.pool = self.pool, None
             stuck = pool.close(wait=True, cancel=True, timeout=wait_s)
@@ -451,10 +451,10 @@ class LeafAllocator:
         if alloc is None:
             return fn(samples)
         # The main process's Recycler only takes leaves of ``min_bytes`` (1 MiB) or more. Batches
-        # that give it none (diabetes: 1 KiB) paid ~1 us a batch to set it up and to check each
-        # leaf against it, and 2-5 us of next() in a training loop. After ALLOC_IDLE such
-        # batches in a row it is left out, but for one batch in ALLOC_RECHECK, which brings it
-        # back if batches have grown. (Only a Recycler's batches ever count as idle.)
+        # that give it none pay to set it up and to check each leaf against it, for nothing
+        # (docs/decisions/recycle-large-batch-memory.md). After ALLOC_IDLE such batches in a
+        # row it is left out, but for one batch in ALLOC_RECHECK, which brings it back if
+        # batches have grown. (Only a Recycler's batches ever count as idle.)
         idle = self.idle
         if idle >= ALLOC_IDLE and idle % ALLOC_RECHECK:
             self.idle = idle + 1

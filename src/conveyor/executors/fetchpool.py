@@ -4,9 +4,9 @@
 ``concurrent.futures.ThreadPoolExecutor`` would do, but costs a Future, a
 condition variable and a notify per sample; with samples that wait on storage
 the threads wake together and queue for the GIL, so that cost is paid in
-series: 32 threads fetching 5 ms samples took 7.3 ms per 32 samples instead
-of 5. Here a batch is one object, each thread writes its sample into the
-batch's list and the last one sets a single event (5.3 ms for the same load).
+series. Here a batch is one object, each thread writes its sample into the
+batch's list and the last one sets a single event
+(docs/decisions/fetch-pool-one-event-per-batch.md).
 
 ::
 

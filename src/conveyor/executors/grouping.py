@@ -2,14 +2,14 @@
 
 A process worker's batch costs, beyond making it, an order to read and a result to send,
 and a wake-up of the process at the other end of each: ~20-40 us of CPU a batch on either
-side, and a context switch or two. Where a batch takes ~100 us to make (759 rows of 8
-floats, batches of 32) that is most of the work. Such batches travel in groups: the main
-process sends a worker ``size`` tasks in one order and only once it has room for that many,
-and the worker sends their results back together, in one message, once the last is made
-(``serve._serve``). Nothing else changes: batch k still goes to worker k % num_workers,
-each result is its own ``Result`` (its failure, timings and sample count its own), a death
-re-issues every task of the group the worker held, and a state_dict counts the batches
-handed out, as before.
+side, and a context switch or two. Where making a batch costs about as much (32 rows of 8
+floats) that is most of the work (docs/decisions/task-groups-for-tiny-batches.md). Such
+batches travel in groups: the main process sends a worker ``size`` tasks in one order and
+only once it has room for that many, and the worker sends their results back together, in
+one message, once the last is made (``serve._serve``). The rest is as for single tasks:
+batch k goes to worker k % num_workers, each result is its own ``Result`` (its failure,
+timings and sample count its own), a death re-issues every task of the group the worker
+held, and a state_dict counts the batches handed out.
 
 ``Grouping`` decides ``size`` from the first results of a pool's workers: batches that
 arrive with little data (``MAX_BYTES``) and took a worker little time (the fastest of the
@@ -50,8 +50,8 @@ class Grouping:
             return
         self.times.append(result.end - result.start)
         if len(self.times) > SAMPLED:
-            # the fastest: on a busy machine a batch's wall time is mostly preemption (diabetes
-            # batches of ~100 us read 178-1624 us with other jobs on both cores)
+            # the fastest: on a busy machine a batch's wall time is mostly preemption, and a
+            # median of tiny batches reads as groups of one
             fastest = min(self.times[1:])
             self.size = max(1, min(MAX_SIZE, int(BUDGET_S / max(fastest, 1e-6))))
             self.decided = True

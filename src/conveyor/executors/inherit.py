@@ -65,7 +65,7 @@ def opened_since(before: dict[int, tuple[int, int]] | None) -> tuple[int, ...]:
 def _ours(fd: int) -> bool:
     """Is ``fd`` a shared-memory segment of conveyor's own (a batch slot the main process
     has mapped), not a file of the dataset? Counted as the dataset's, with persistent
-    workers they told "auto" the dataset keeps files open: one fetch thread a worker."""
+    workers they would tell "auto" the dataset keeps files open: one fetch thread a worker."""
     try:
         path = os.readlink(f"{_FD_DIR}/{fd}")
     except OSError:

@@ -52,8 +52,8 @@ class MainProcess(Executor):
         self.queue: collections.deque[Task] = collections.deque()
         # A stream is not seeded per sample: it draws on from batch to batch, from its own RNG
         # state, seeded at each epoch's start as a process worker seeds its (so that its draws
-        # are those of num_workers=1). Restoring the caller's state alone made every batch
-        # start from the same state, and draw the same.
+        # are those of num_workers=1). Restoring the caller's state alone would make every
+        # batch start from the same state, and draw the same.
         self.stream_rng: rng.RngState | None = None
         self.stream_epoch: int | None = None
 

@@ -86,7 +86,7 @@ class ProcessExecutor(Executor):
         self.closed = False
         self._shut = False  # close() ran to its end
         # close() from another thread than the one iterating, while that one's epoch ends and
-        # closes too: one runs, the other waits for it (the two closed each worker's bell, the
+        # closes too: one runs, the other waits for it (two would close each worker's bell, the
         # second time another file's descriptor, perhaps). A finalizer re-entering returns.
         self._closing = threading.RLock()
         self._in_close = False
@@ -97,8 +97,9 @@ class ProcessExecutor(Executor):
         self.poll_set = PollSet()  # every result pipe and sentinel, kept across calls
         self.parent_pid = os.getpid()
         # where workers write their stacks (stack_path): the first gettempdir() of a process
-        # writes a probe file to choose the directory, ~1 ms in a freshly forked worker; asked
-        # here, forked workers inherit the answer (0.96 -> 0.20 ms in the child)
+        # writes a probe file to choose the directory, a cost to a freshly forked worker's
+        # start; asked here, forked workers inherit the answer
+        # (docs/decisions/head-start-while-workers-start.md)
         tempfile.gettempdir()
         try:
             for w in range(num_workers):
@@ -354,8 +355,8 @@ class ProcessExecutor(Executor):
             self._reap(old)
             self.received.worker_gone(worker, old.gen)
             transport.sweep(f"{self.prefix}w{worker}g{old.gen}_")
-            # reaped (its process object closed): a Ctrl-C while the replacement starts left
-            # it here, and every close() after raised "process object is closed"
+            # reaped (its process object closed), so not left here: after a Ctrl-C while the
+            # replacement starts, every close() would raise "process object is closed"
             self.workers[worker] = None
         tasks = self.ledger.take(worker)
         deadline = time.monotonic() + wait_s
@@ -384,7 +385,7 @@ class ProcessExecutor(Executor):
                                    + (f" ({row})" if row else ""))
             self.start_deaths.append(Death(worker, wk.pid, code))
             # killed by a signal (the OOM killer, a scheduler, a user) before its hello: a death
-            # like one after it, which the next replacement makes good. It ended the epoch.
+            # like one after it, which the next replacement makes good, not the end of the epoch
             self.poll_set.unwatch(self.workers, wk)
             self._reap(wk, timeout=0.0)
             self.workers[worker] = None
@@ -486,8 +487,8 @@ class ProcessExecutor(Executor):
         # process object closed, one it started after this snapshot is reaped by the next round)
         # at interpreter exit (the loader's finalizer, from atexit) nothing waits for a batch:
         # a worker holding some is in a sample, and would read the stop order only once its
-        # batch is made; one stuck there held the exit up for the 5 s below (torch's workers
-        # are ended by multiprocessing's own exit hook at once)
+        # batch is made; one stuck there would hold the exit up for the 5 s below (torch's
+        # workers are ended by multiprocessing's own exit hook at once)
         exiting = process.exiting() or not threading.main_thread().is_alive()
         while live := [(w, wk) for w, wk in enumerate(self.workers) if wk is not None]:
             for w, wk in live:
@@ -496,8 +497,9 @@ class ProcessExecutor(Executor):
                         wk.proc.kill()  # stuck in a sample: it would not read the stop order in time
                     elif not wk.ready:
                         # still starting (importing, worker_init_fn), holding no batch: it would
-                        # read the stop order only once started. A spawned worker imports for
-                        # ~1 s, and an epoch the main process made alone waited that long for it
+                        # read the stop order only once started, and a spawned worker's imports
+                        # would hold up the close of an epoch the main process made alone
+                        # (docs/decisions/findings-carry-across-epochs.md)
                         wk.proc.terminate()
             for _, wk in live:
                 try:
@@ -526,8 +528,8 @@ _cut_short: list[ProcessExecutor] = []  # closes a Ctrl-C cut short, that nothin
 
 
 def finish_cut_short() -> None:
-    """Finish the closes a Ctrl-C cut short (their workers, slots, bells and gc freeze were
-    kept for the rest of the process where the close ran from a finalizer, which runs once)."""
+    """Finish the closes a Ctrl-C cut short (their workers, slots, bells and gc freeze would
+    be kept for the rest of the process where the close ran from a finalizer, which runs once)."""
     for ex in list(_cut_short):
         try:
             ex.close()

@@ -2,12 +2,12 @@
 
 A fetch on a machine whose cores are busy with other work (another job, more
 processes than cores) waits for a core as well as computing. Its CPU time alone
-over its wall time then reads low, as a fetch waiting on storage does: on 2 cores
-with 3 busy-looping processes, a pure-Python dataset's worker used 5% of its wall
-time and "auto" gave it 64 fetch threads. Time spent waiting for a core is CPU
-demand, not waiting on storage: Linux's schedstat says how much (its second
-field, nanoseconds runnable on a run queue). Elsewhere the clocks are plain CPU
-time.
+over its wall time then reads low, as a fetch waiting on storage does, and "auto"
+gives a computing worker the fetch threads of one that waits
+(docs/decisions/tuner-reads-lane-time-and-core-share.md). Time spent waiting for a
+core is CPU demand, not waiting on storage: Linux's schedstat says how much (its
+second field, nanoseconds runnable on a run queue). Elsewhere the clocks are plain
+CPU time.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ _TASKS = "/proc/self/task"
 
 def read_small(path: str, size: int = 1 << 16) -> bytes | None:
     """A small kernel file's bytes (up to ``size``); None where it cannot be read. ``os.open``,
-    not ``open()``: no file object to build (8-15 us a read where ``open()`` took 15-80, its
+    not ``open()``: no file object to build (8-15 us a read where ``open()`` takes 15-80, its
     first call in a process the most), and bytes: a text file's codec lookup imports
     encodings.ascii, ~0.5 ms of a fresh process's first loader."""
     try:
@@ -57,8 +57,8 @@ class _Waits:
     """Run-queue waits of this process's threads, kept as running totals across reads.
 
     A thread that ended takes its schedstat with it: summed over the live threads, the
-    clock stepped back whenever "auto" replaced a worker's fetch threads (a span read -85
-    ms of CPU, and the tuner took the worker for one that computes nothing). Each read
+    clock would step back whenever "auto" replaces a worker's fetch threads (a span reads
+    negative CPU, and the tuner takes the worker for one that computes nothing). Each read
     adds what every live thread waited since the last read instead (a new thread: all of
     it), so the totals only grow; an ended thread's waits since its last read are lost."""
 
@@ -117,11 +117,11 @@ def process_clocks() -> tuple[float, float]:
     CPU seconds plus the longest wait of any one thread.
 
     Each fetch's own wait for a core is CPU demand of that fetch (the first clock), but
-    its threads wait at once: 64 fetch threads that wake together from 5 ms sleeps on 2
-    cores queue behind each other, and their waits added up came to 5-9 seconds a second.
-    Read as the share of its core a worker used, that asked for fewer threads on a core
-    that was idle between the wake-ups. The longest wait of one thread is a share a core
-    could have had (a lower bound of the time any thread waited)."""
+    its threads wait at once: many fetch threads that wake together queue behind each
+    other, and their waits added up come to seconds a second. Read as the share of its
+    core a worker used, that asks for fewer threads on a core that is idle between the
+    wake-ups. The longest wait of one thread is a share a core could have had (a lower
+    bound of the time any thread waited)."""
     total, most = _process_queued()
     cpu = time.process_time()
     return cpu + total / 1e9, cpu + most / 1e9

@@ -33,10 +33,10 @@ class RngLock:
 
     Thread workers seed the RNGs of the process the training loop runs in. The states they
     found before their first seeding are kept (``keep_found``) and put back at an epoch's
-    start and end (``put_back``): a sampler drawing its order from a global RNG (one without
-    a generator) drew each epoch's from wherever the sample fetched last in wall time had
-    left them, and two runs with one seed could shuffle differently (on 2 cores busy with 2
-    other loops, 2 of 8 runs of the resume tests). A snapshot and a restore cost ~200 us
+    start and end (``put_back``): otherwise a sampler drawing its order from a global RNG (one
+    without a generator) draws each epoch's from wherever the sample fetched last in wall time
+    left them, and two runs with one seed can shuffle differently
+    (docs/decisions/rng-lock-for-thread-workers.md). A snapshot and a restore cost ~200 us
     (numpy's ``get_state`` and ``set_state``): too much to pay around every sample."""
 
     def __init__(self) -> None:
@@ -117,9 +117,9 @@ class RngLock:
     def save(self) -> rng.RngState:
         """Holding the lock whole: the RNGs' states, which the main process puts back
         (``restore``) after a batch it makes, seeding them. Thread workers seeding meanwhile
-        found them so: were they noted only by a worker's first seeding, one between two of
-        that batch's samples took a sample's seeded states for the loop's, and ``put_back``
-        set those at the epoch's end."""
+        find them so: were they noted only by a worker's first seeding, one between two of
+        that batch's samples would take a sample's seeded states for the loop's, and
+        ``put_back`` would set those at the epoch's end."""
         state = rng.RngState()
         if self.found is None:
             self.found = state
@@ -158,13 +158,13 @@ class SeededFetch:
     share its global RNGs.
 
     Seeding and fetching must be done in turn (under ``RngLock``), or a thread's draws would
-    mix with another's seeding: with slow reads (5 ms), 8 fetch threads fetched one at a
-    time, 2.73 s against 0.34 s without a seed. Yet most datasets draw nothing from the
-    global RNGs, and what they give does not depend on the seed. So the first fetches, in
-    turn, are checked: seeded, fingerprinted (``rng.fingerprint``), fetched, fingerprinted
-    again, then seeded otherwise and fetched again (a sample that reads the RNGs without
-    moving them, as ``torch.initial_seed()`` or a draw inside ``torch.random.fork_rng`` do,
-    comes out otherwise). Once FREE_AFTER such fetches showed no dependence, fetches go
+    mix with another's seeding; in turn, the fetch threads fetch one at a time
+    (docs/decisions/fingerprint-before-seeding-in-turn.md). Yet most datasets draw nothing
+    from the global RNGs, and what they give does not depend on the seed. So the first
+    fetches, in turn, are checked: seeded, fingerprinted (``rng.fingerprint``), fetched,
+    fingerprinted again, then seeded otherwise and fetched again (a sample that reads the RNGs
+    without moving them, as ``torch.initial_seed()`` or a draw inside ``torch.random.fork_rng``
+    do, comes out otherwise). Once FREE_AFTER such fetches showed no dependence, fetches go
     unseeded and at once (holding the lock shared), each between two fingerprints. One whose
     fingerprints differ (it drew, or anything else in the worker did meanwhile) is not used:
     it is fetched again in turn, seeded, and so is every fetch from then on. A fetch in turn

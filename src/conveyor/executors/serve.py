@@ -37,10 +37,10 @@ def serve(spec: WorkerSpec, worker_id: int, gen: int, tasks: Any, results: Any,
     (see ``Doorbell``) it sleeps on that, never on the order pipe.
 
     With ``quick_exit`` (a spawned worker) a worker that ends as told leaves without tearing
-    its interpreter down. A forked worker (and a forkserver's) leaves with ``os._exit``, but
-    a spawned one ran ``sys.exit``: the teardown of everything it imported, ~0.5 s with torch,
-    which the main process waited for in ``close()`` at the end of every epoch of workers
-    that do not persist (spawn, 2 workers: 0.52 s of a 1.87 s epoch)."""
+    its interpreter down. A forked worker (and a forkserver's) leaves with ``os._exit``; a
+    spawned one would run ``sys.exit``: the teardown of everything it imported (torch's is
+    long), which the main process waits for in ``close()`` at the end of every epoch of
+    workers that do not persist (docs/decisions/findings-carry-across-epochs.md)."""
     _serve(spec, worker_id, gen, tasks, results, parent_pid, prefix, private_files, bell)
     if quick_exit:
         process.leave()
@@ -84,7 +84,7 @@ def _serve(spec: WorkerSpec, worker_id: int, gen: int, tasks: Any, results: Any,
                 # stay; it sweeps this worker's names once it has mapped them
                 pool.close(keep_sent=True)
 
-    # installed before the stack file is made: a SIGTERM in between left it in /tmp (3 of 40 trials)
+    # installed before the stack file is made: a SIGTERM in between would leave it in /tmp
     signals.clean_up_on_term(cleanup)
     stack_file = signals.install_stack_dump(stack_at)
     pool = SlotPool(f"{prefix}w{worker_id}g{gen}_") if _segment.available() else None
@@ -154,7 +154,7 @@ def _serve(spec: WorkerSpec, worker_id: int, gen: int, tasks: Any, results: Any,
 
         if bell is not None:
             # sleeping is the bell's business: the pipe is read without waiting (one read
-            # where a poll and a read were)
+            # instead of a poll and a read)
             os.set_blocking(tasks.fileno(), False)
         while True:
             if not queue:
@@ -224,15 +224,16 @@ def _serve(spec: WorkerSpec, worker_id: int, gen: int, tasks: Any, results: Any,
             batch = ctx = ctxs = None  # type: ignore[assignment]
             if done % 16 == 1:
                 # read after the send, for the next result: the kernel walks the page tables
-                # for it (a fork of a 225 MB training process: 4 ms of CPU, up to ~95 ms on a
-                # loaded host), and the first batch, which the loop waits for, waited as long
+                # for it (milliseconds for a fork of a large training process, more on a loaded
+                # host), and the first batch, which the loop waits for, would wait as long
+                # (docs/decisions/first-batch-before-housekeeping.md)
                 rss_read = rss()
             if done == 1 and WORKER_NICE:
                 # loading fills the cores the training loop leaves idle; where both want the
                 # same core, the training step (the critical path) goes first. Not before
                 # the first batch is out: the loop has no step to run until it comes, and
-                # a worker started at nice 5 among other jobs waited ~3x longer for a core
-                # at each turn (first diabetes batch ~170 ms on a 2-core host at load 14)
+                # a worker started at nice 5 among other jobs waits longer for a core at
+                # each turn
                 process.lower_priority(WORKER_NICE)
             # take any orders that arrived meanwhile, without blocking
             if (drain.parked or bell is not None or readable()) and not take():
@@ -256,9 +257,9 @@ def _deliver(results: Any, msg: Any, ctxs: list[Any], drain: Any, pool: Any, spe
              worker_id: int) -> None:
     """Send one result, or a group of them (``msg`` a list, ``ctxs`` each one's (result, batch,
     task, slots)). A batch that cannot be pickled (a lock, a lambda, a generator in a sample)
-    is sent as its failure, at once: the worker died of it, and each replacement died again
-    on the same batch. Pickling fails before anything is written; a group that fails is sent
-    one result at a time, so that only the batch that cannot be pickled fails."""
+    is sent as its failure, at once: else the worker would die of it, and each replacement
+    again on the same batch. Pickling fails before anything is written; a group that fails is
+    sent one result at a time, so that only the batch that cannot be pickled fails."""
     try:
         send(results, msg, full=drain)
     except (OSError, EOFError):
@@ -336,11 +337,12 @@ def _unpicklable(obj: Any, path: str, depth: int = 0) -> tuple[str, type] | None
 class _Rss:
     """``rss()``: the memory this process adds, in bytes (Linux), or None: its private pages
     (``/proc/self/smaps_rollup``), not its resident set. A forked worker's resident set counts
-    every page of the training process it shares copy-on-write (a parent of 3 GB: each worker
-    read 3 GB, and "auto" capped a 32-core machine at 5 workers on memory). The file stays open
-    and is read again from its start (one system call); the kernel walks the page tables for it
-    (~1 ms a GB), so it is read at most every ``every`` seconds, and the last reading given
-    between. Where there is no such file, the resident set (``/proc/self/statm``)."""
+    every page of the training process it shares copy-on-write, and would have "auto" cap the
+    workers on memory they share with it (docs/decisions/cpu-budget-per-rank-and-container.md).
+    The file stays open and is read again from its start (one system call); the kernel walks
+    the page tables for it (~1 ms a GB), so it is read at most every ``every`` seconds, and
+    the last reading given between. Where there is no such file, the resident set
+    (``/proc/self/statm``)."""
 
     def __init__(self, every: float = 1.0) -> None:
         self.every, self.at, self.last = every, -math.inf, None
@@ -456,10 +458,10 @@ class Drain:
     (``parked``) for the loop to apply.
 
     The main process writes an order with a blocking write and reads no result meanwhile;
-    an order larger than the room left in the pipe (the indices of a batch of ~16k shuffled
-    rows, ~80 KB) to a worker busy with a batch whose result is larger too (a 128 KB side
-    leaf) left each waiting on the other for ever, ``timeout`` included. Called as
-    ``send``'s ``full``: the results pipe is non-blocking."""
+    an order larger than the room left in the pipe (the indices of a large shuffled batch)
+    to a worker busy with a batch whose result is larger too (a side leaf) would leave each
+    waiting on the other for ever, ``timeout`` included (docs/decisions/own-pipe-framing.md).
+    Called as ``send``'s ``full``: the results pipe is non-blocking."""
 
     def __init__(self, results: Any, inbox: Inbox, parent: ParentWatch) -> None:
         self.inbox, self.parent = inbox, parent
@@ -475,7 +477,7 @@ class Drain:
             if self.inbox.eof:
                 raise BrokenPipeError("the main process closed the order pipe")
             if any(type(o) is Order and o.stop for o in self.parked):
-                # closing: it reads no more results, and waited 5 s for this one's room
+                # closing: it reads no more results, and would wait 5 s for this one's room
                 raise BrokenPipeError("told to stop while a result waited for room")
         elif not got and not self.parent.alive():
             raise BrokenPipeError("the main process is gone")
@@ -501,8 +503,8 @@ def _watchdog(parent: ParentWatch, cleanup: Callable[[], None]) -> None:
         finally:
             os._exit(1)
 
-    # a bare thread: threading's start() waits until the new thread runs, and a worker started
-    # among other jobs waited 6-21 ms for it before saying hello (0.4 ms of CPU)
+    # a bare thread: threading's start() waits until the new thread runs, which among other
+    # jobs holds up the worker's hello (docs/decisions/first-batch-before-housekeeping.md)
     _thread.start_new_thread(run, ())
 
 

@@ -287,11 +287,11 @@ class Doorbell:
 
     A write to a pipe wakes its reader *synchronously*: the kernel takes it that the writer
     is about to sleep, and puts the reader on the writer's core if that core runs nothing
-    else. The main process writes an order and goes on training, so a worker woke behind
-    the training loop, on its core, preempting it, while the other core could sit idle
-    until the load balancer moved the worker (milliseconds; measured on the overlap
-    benchmark: the loop preempted ~50 ms a run, ~30 ms with the bell). An eventfd's
-    wake-up carries no such hint: the worker wakes where it last ran, or wherever is idle.
+    else. The main process writes an order and goes on training, so a worker woken by the
+    pipe wakes behind the training loop, on its core, preempting it, while the other core
+    can sit idle until the load balancer moves the worker (milliseconds;
+    docs/decisions/doorbell-eventfd-for-orders.md). An eventfd's wake-up carries no such
+    hint: the worker wakes where it last ran, or wherever is idle.
     """
 
     __slots__ = ("fd", "poller")
@@ -337,8 +337,8 @@ class Doorbell:
             os.close(fd)
 
     def __del__(self) -> None:
-        # a close cut short by a Ctrl-C (after the worker's pipes, before its bell) left the
-        # descriptor open once its worker was forgotten: the bell owns it, and closes it last
+        # a close cut short by a Ctrl-C (after the worker's pipes, before its bell) would leave
+        # the descriptor open once its worker is forgotten: the bell owns it, and closes it last
         try:
             self.close()
         except OSError:

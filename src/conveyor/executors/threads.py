@@ -51,7 +51,7 @@ class ThreadExecutor(Executor):
         self.fetchers: dict[int, Any] = {}  # worker -> its Fetcher (close() looks for stuck fetch threads)
         # A task's fetches start when it is handed over (``submit``), as in a process worker, not
         # when its worker thread gets to it: that thread waits on one batch at a time, and batches
-        # of one sample were fetched one after another whatever the fetch threads. ``scheduled``:
+        # of one sample would be fetched one after another whatever the fetch threads. ``scheduled``:
         # per worker, the tasks started so; ``_fetching`` keeps a change of thread count (a new
         # pool) from crossing a fetch being started.
         self.scheduled: list[set[int]] = []
@@ -60,7 +60,7 @@ class ThreadExecutor(Executor):
         self.pid = os.getpid()
         self.fetch_threads = spec.fetch_threads
         self.num_workers = 0
-        torch_for(spec)  # before the threads (a dataset importing torch late: each read the whole stream)
+        torch_for(spec)  # before the threads (a dataset importing torch late: each would read the whole stream)
         self.grow(num_workers)
 
     def grow(self, n: int) -> None:
@@ -241,7 +241,7 @@ class ThreadExecutor(Executor):
         self.closed = True
         for q in self.queues:
             q.put(_STOP)
-        deadline = time.monotonic() + timeout  # one wait for all: 4 stuck threads took 20 s
+        deadline = time.monotonic() + timeout  # one wait for all, not ``timeout`` for each stuck thread
         me = threading.current_thread()
         for w, t in enumerate(self.threads):
             if t is me:

@@ -1,9 +1,9 @@
 """A spawned or forkserver worker whose batches need no torch does not import it.
 
-A process worker whose batches are tensors imported torch as it started (``torch_for``):
-under spawn and forkserver that is ~1.4 s of each worker's start and ~150 MB of its memory
-(PSS, on the measuring VM), most of a worker's start and a third of the whole tree's memory
-beyond the data at 2 GB. Where the dataset gathers numpy columns (``gatherable``:
+A process worker whose batches are tensors imports torch as it starts (``torch_for``):
+under spawn and forkserver that is most of a worker's start, and a large part of the whole
+tree's memory beyond the data (docs/decisions/copy-while-workers-start.md). Where the
+dataset gathers numpy columns (``gatherable``:
 ``ArrayDataset``), no torch code runs in the worker at all: the columns go to the main
 process as numpy arrays marked ``TensorLater`` and become tensors there
 (``torch.from_numpy`` in ``decode``, which the main process runs for every batch anyway).

@@ -48,7 +48,7 @@ class WorkerSpec:
 def torch_for(spec: WorkerSpec) -> Any:
     """torch if imported, or imported now where the workers' batches are tensors (their
     collate would import it anyway). Workers start after: a spawned worker's first collate
-    imported it under its fetch threads, too late for the worker's torch setup, and thread
+    would import it under its fetch threads, too late for the worker's torch setup, and thread
     workers route torch's ``get_worker_info()`` only when torch is there as they start."""
     torch = _torch.loaded()
     if torch is None and spec.default_collate and spec.output == "torch":
@@ -64,11 +64,11 @@ def start_worker(spec: WorkerSpec, worker_id: int, *, kind: str) -> Fetcher:
     if thread and spec.iterable and not _torch.is_datapipe(spec.dataset):
         # a stream's copy of its own, as a process worker has: torch's documented pattern
         # narrows get_worker_info().dataset.start/end in worker_init_fn, and state set in
-        # __iter__ is the worker's. One object shared by every thread lost data silently.
+        # __iter__ is the worker's. One object shared by every thread loses data silently.
         # (Shallow: the data it refers to is still shared.)
         try:
             spec = dataclasses.replace(spec, dataset=copy.copy(spec.dataset))
-        except Exception:  # noqa: BLE001 - an object that cannot be copied is shared, as before
+        except Exception:  # noqa: BLE001 - an object that cannot be copied stays shared
             pass
     if not thread:
         main_rank_world = spec.rank_world

@@ -42,8 +42,8 @@ def _cgroup_dirs(controller: str, root: str = CGROUP_ROOT, table: str = "/proc/s
     mount). A container's cgroup namespace shows its own cgroup as "/"; a v1 path that is
     not there (no namespace) falls back to the mount's root. Only the controller's own
     hierarchy is walked: every file opened on cgroupfs costs ~15 us, and on a v1 host the
-    memory and cpuacct lines add directories a CPU quota cannot be in (7 to look in where 3
-    can hold it: 0.2 ms of an "auto" loader's construction)."""
+    other controllers' lines add directories a CPU quota cannot be in
+    (docs/decisions/cpu-budget-per-rank-and-container.md)."""
     raw = read_small(table)
     if raw is None:
         return []
@@ -117,8 +117,8 @@ _quota_seen: tuple[Any, float, float | None] | None = None  # (the reader, when,
 
 
 def _quota() -> float | None:
-    """``cgroup_cpus()``, read at most every ``QUOTA_TTL_S``: its files cost 0.4-1.1 ms, each
-    ``iter()`` of an "auto" loader asked (3% of a diabetes run, 36 ms in all)."""
+    """``cgroup_cpus()``, read at most every ``QUOTA_TTL_S``: its files cost up to ~1 ms a read,
+    and each ``iter()`` of an "auto" loader asks."""
     global _quota_seen
     now = time.monotonic()
     seen = _quota_seen
@@ -165,8 +165,9 @@ def cpu_share() -> int:
     """The cores this process's loader may fill: its usable cores, shared with the other
     training processes of this machine where they run on the same ones.
 
-    Under DDP each rank's "auto" took every core: 4 ranks on 2 cores ran 2 workers each
-    and read the starved workers as waiting on storage (64 fetch threads). A launcher
+    Under DDP the ranks share one affinity: a rank that takes every core starts workers the
+    other ranks also start, and reads its starved workers as waiting on storage
+    (docs/decisions/cpu-budget-per-rank-and-container.md). A launcher
     that binds each rank to cores of its own leaves the ranks' affinities disjoint
     (their count times the ranks fits the machine), and nothing is divided then.
 
@@ -186,8 +187,8 @@ def cpu_share() -> int:
 
 def no_core_left() -> bool:
     """Do this machine's training processes (more than one) leave each at most the one core
-    its training loop runs on? A worker that computes then only takes the loop's core: 4 DDP
-    ranks on 2 cores, with a worker each, ran 1.02-1.08 s where they took 0.81 without."""
+    its training loop runs on? A worker that computes then only takes the loop's core, and the
+    ranks run slower with it than without."""
     return ranks_here() > 1 and cpu_share() <= 1
 
 

@@ -59,20 +59,20 @@ class Probe:
         self.here_from: tuple[float, int] | None = None  # ... as this pool began, where that is wanted
         self._keeps_files = False
         if self.adaptive and not auto_workers and self.findings.workers_paid:
-            # an earlier epoch's probe found these batches worth the workers: each epoch of
-            # workers that do not persist probed anew, serially, before forking (3 MB samples
-            # in batches of 16, 2 workers: 1.14-1.20x torch's time; 0.79 without the probe)
+            # an earlier epoch's probe found these batches worth the workers: later epochs of
+            # workers that do not persist start them at once, rather than probe anew, serially,
+            # before forking (docs/decisions/findings-carry-across-epochs.md)
             pool.mode = Mode.WORKERS
             if not self.findings.draws_rngs and self._start_outweighs(self.findings.batch_s):
                 pool.mode = Mode.INLINE  # ... unless starting them costs more than they can save
         # ... and with a worker per core, the main process makes no batch while they start:
-        # it would only take a core from them (3 MB samples, 2 workers on 2 cores: 1.03x
-        # torch's time with that batch, 0.92-0.98 without)
+        # it would only take a core from them (docs/decisions/head-start-while-workers-start.md)
         self.no_head_start = (pool.mode == Mode.WORKERS and self.adaptive and pool.num_workers >= cpu_share()
                               and not self.findings.slow_start())
         # ... nor where an earlier epoch's probe found the batches draw from the global RNGs:
-        # made here, the head start drew from the caller's RNGs, not the worker's seeded ones
-        # (torch's augmentations differed from epoch 2 on, and the training loop's next draw)
+        # made here, the head start would draw from the caller's RNGs, not the worker's seeded
+        # ones (the augmentations would differ from torch's from the second epoch on, and so
+        # would the training loop's next draw)
         self.no_head_start = self.no_head_start or (pool.mode == Mode.WORKERS and self.findings.draws_rngs)
         # "auto" chooses the worker count itself, so there is no worker whose stream a probing
         # batch must match: it is made as num_workers=0 makes a batch, with the RNGs as they are
@@ -158,8 +158,8 @@ class Probe:
         """Do the batches wait here for workers still starting, the main process making them
         meanwhile? Until every worker has said hello, where a head start is allowed at all
         (``serve_here``) and the workers start slowly: spawned (or forkserver) ones import
-        afresh (1.2-1.5 s with torch), and the training loop stood still that long on the
-        first batch handed to them. Forked ones start in ~20 ms: they get their batches at
+        afresh, torch included, and the training loop would stand still that long on the
+        first batch handed to them. Forked ones start quickly: they get their batches at
         once, and have them made by the time they would hear of them."""
         if self.pool.delivered or not self.adaptive or self.rng_sensitive or self.no_head_start or not self.pool.starting():
             return False
@@ -229,8 +229,8 @@ class Probe:
         """Would the workers, started and stopped once an epoch (they do not persist), cost
         more than making all the epoch's batches here at ``cost`` each? Known once this
         loader has run them for an epoch (``rules.Findings``). Spawned workers import the main
-        process's modules afresh: 1.2-1.5 s with torch, for epochs of 2000 samples that the
-        main process made in 0.064 s (num_workers=2 spent 1.8 s an epoch)."""
+        process's modules afresh, torch included, which can take far longer than a short epoch
+        made here (docs/decisions/findings-carry-across-epochs.md)."""
         spent = self.findings.workers_s()
         if cost is None or self.pool.persistent or self.epoch_batches is None:
             return False
@@ -318,9 +318,8 @@ class Probe:
     def _run_probe(self, task: Task, *, watch: bool) -> tuple[Result, float]:
         """Make ``task`` here and time it; with ``watch``, a slow batch starts the workers."""
         # the run-queue clock first: a thread is preempted as a system call returns, such as
-        # reading the clocks below (4-6 ms on 2 cores busy with 2 other loops), and read after
-        # them, that wait counted as the batch waiting: a first batch computing 1 ms a sample
-        # read 0.31 cores busy over 7.6 ms and forked the workers after 2 of its 8 samples
+        # reading the clocks below, and read after them, that wait counts as the batch waiting:
+        # a first batch that computes reads as one that waits, and forks the workers early
         rq0 = _runqueue_wait() if watch else None
         t0 = time.perf_counter()
         cpu0 = time.process_time()
@@ -347,17 +346,17 @@ class Probe:
                           (rules.SLOW_S, self._early_check(forking, t0, cpu0, rq0, first=not self.inline_costs)))
         if forking is not None and forking.cpu_s and result.cpu is not None:
             # workers forked inside this batch, from its watch: that CPU time is not the batch's
-            # (2 ms of waiting and 2 of Python a sample, batches of 2: 30 ms of CPU against 8 of
-            # wall, and the tuner gave the fetches 1 thread where 4 ran 1.6x as fast)
+            # (counted, it makes a batch that waits read as CPU-bound, and the tuner gives its
+            # fetches one thread)
             result.cpu = max(0.0, result.cpu - forking.cpu_s)
         # new memory's page faults are paid once; reused memory is what later batches get
         faults = self.pool.recycler.fresh_s - fresh
         self.probe_cpu = time.thread_time() - own0 - faults  # this thread's: no other thread's work counts
         # the batch costs what fetching and collating it took, as the quick path times a batch
         # kept here (``note``): the probe's own envelope (the task, the result, the watch, the
-        # RNG bookkeeping) is not paid by such batches. It added 100-200 us to diabetes batches
-        # of ~400 on the Intel VM, enough to pass INLINE_MAX_S and time a trip (``rules.trip_s``,
-        # ~2 ms of first calls into torch in a fresh process) for batches that stay here.
+        # RNG bookkeeping) is not paid by such batches. Counted, it makes cheap batches read
+        # costly: past INLINE_MAX_S, and a trip timed (``rules.trip_s``, first calls into torch
+        # in a fresh process) for batches that stay here (docs/decisions/probe-reads-batch-costs-low.md).
         made = result.end - result.start if result.end else time.perf_counter() - t0
         return result, made - faults
 
@@ -389,8 +388,8 @@ class Probe:
     def _threads_to_start(self, busy: float, alone_s: float | None = None) -> None:
         """The user's workers with fetch_threads="auto", about to start: where a probing
         batch mostly waits (kept ``busy`` cores busy), they start with threads wide, as "auto"
-        workers do (2 workers, 5 ms a sample: 10 batches of one thread each came before the
-        tuner's first say, 1.25 s for 100 batches where 16 threads took 0.58). ``alone_s``:
+        workers do: else their first batches, until the tuner's first say, are fetched one
+        thread each (docs/decisions/auto-tunes-only-what-is-auto.md). ``alone_s``:
         what one fetch took alone, by default what the probing fetcher measured."""
         if self.pool.auto is None or not self.pool.auto["fetch_threads"] or self.pool.started:
             return
@@ -439,7 +438,7 @@ class Probe:
         if (self.pool.mode == Mode.INLINE and cost <= rules.SLOW_S and self.pool.inline_batches % 16 and self.pool.tuner is not None
                 and self.pool.tuner.pinned and self.pool.auto is not None and self.pool.auto["num_workers"]):
             # "auto" settled here: only a slow batch, or every 16th, is looked at (walking each
-            # batch for its size cost ~2 us of a 12 us batch_size=None batch)
+            # batch for its size costs ~2 us, a real share of a tiny batch_size=None batch)
             return result
         self.findings.batch_s = rules.estimate(costs)  # for later epochs: are their workers worth starting?
         # A batch made at memory speed (gathering arrays already in memory) gains nothing from
@@ -506,8 +505,9 @@ class Probe:
         ``alone_s`` with no other running), else the current.
 
         ``busy`` is read early, over a fetch or two that also paid one-time costs, so it
-        says that fetches wait, not how many would fill a core (one fetch per idle core
-        read 5-28 threads on the latency benchmark, whose fetches use 0.5% of theirs).
+        says that fetches wait, not how many would fill a core (one-time costs read as far
+        too few threads for fetches that barely use a core:
+        docs/decisions/tuner-reads-lane-time-and-core-share.md).
         Threads that wait cost no CPU: they start wide, and the tuner trims them to what
         the training loop takes and what fills a worker's core, each cut checked.
         """
@@ -560,7 +560,7 @@ class Probe:
         threads = self.pool.threads
         if auto.get("fetch_threads"):
             # a dataset seen keeping files open after threads were raised gets one thread again:
-            # threads of a worker would share the handle (64 ran on it, tuning() said 64)
+            # threads of a worker would share the handle
             threads = 1 if self.keeps_files() else tuner.steer_threads(self.pool.threads)
         prefetch = (d.prefetch_factor or 2) if auto.get("prefetch_factor") else self.pool.prefetch
         self.pool.apply(workers, threads, prefetch)
@@ -581,8 +581,8 @@ class Probe:
             for name in ("num_workers", "fetch_threads", "prefetch_factor"):
                 if not (auto or {}).get(name):
                     # the user's own setting, not what runs now: ``adaptive`` may keep the
-                    # user's workers back while batches are cheap (it read num_workers=0
-                    # beside prefetch_factor=2, which the constructor refuses)
+                    # user's workers back while batches are cheap, and what runs would read
+                    # num_workers=0 beside prefetch_factor=2, which the constructor refuses
                     tuning[name] = settings[name]
             if self.pool.launched and (auto or {}).get("fetch_threads"):
                 # the threads that run: the tuner's wish goes through ThreadSteer, which
@@ -590,8 +590,7 @@ class Probe:
                 wish = tuning["fetch_threads"]
                 tuning["fetch_threads"] = snap["fetch_threads"]
                 if wish != snap["fetch_threads"] and tuning.get("reason"):
-                    # the reason argues for the wish: say why another count runs (it read
-                    # "32 threads a worker keep its core busy" beside fetch_threads=64)
+                    # the reason argues for the wish: say why another count runs
                     tuning["reason"] += (f"; {snap['fetch_threads']} threads run, not {wish}: a cut goes "
                                          "at most halfway at a time and is undone if it costs throughput")
             if not tuning["num_workers"]:
@@ -599,11 +598,11 @@ class Probe:
             running = snap["num_workers"]
             if (self.pool.launched and self.pool.mode == Mode.WORKERS and (auto or {}).get("num_workers")
                     and tuning["num_workers"] < running):
-                # workers are not stopped mid-run: those that run are what to pin (the
-                # tuner's smaller count, pinned, ran 1.81 s where what ran took 1.28 s)
+                # workers are not stopped mid-run: those that run are what to pin (the tuner's
+                # smaller count, pinned, runs slower: docs/decisions/findings-carry-across-epochs.md)
                 wish, tuning["num_workers"] = tuning["num_workers"], running
                 if tuning.get("reason") and not self.pool.tuner.measuring:
-                    # the reason argues for the wish (it read "memory allows 1" beside 2)
+                    # the reason argues for the wish: say why more workers run
                     tuning["reason"] += (f"; {running} workers run, not {wish}: workers that started "
                                          "are kept to the end of the run")
             # the settings alone, to pass back as they are: DataLoader(ds, **tuning["kwargs"])

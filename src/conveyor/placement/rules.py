@@ -32,15 +32,13 @@ __all__ = ["Mode", "Findings", "CpuTimed", "nbytes", "trip_s", "typical", "estim
 
 # A batch that costs less than this in the main process is cheaper to make there
 # than to receive from a worker (pickle, pipe, wake-ups, ~100 us of the main process's
-# time a batch, plus ~9 ms to fork each torch-sized worker): adaptive loaders keep it.
-# On 2 cores, diabetes batches of 180-330 us ran 2x slower with workers than without.
+# time a batch, plus ~9 ms to fork each torch-sized worker): adaptive loaders keep it
+# (docs/decisions/main-process-batches-under-auto.md).
 INLINE_MAX_S = 500e-6
 
 
 # ... or less than this many trips from a worker, where a trip costs more (a slower machine:
-# see trip_s). On an Intel Xeon VM where a diabetes batch's trip cost 73 us, 240 batches
-# broke even at 800-850 us a batch (as the probe times it); 414 us batches ran 0.80x as
-# fast with two workers, 860 us ones 1.12x.
+# see trip_s): workers break even near this many trips a batch, as the probe times a batch.
 TRIPS = 11
 
 
@@ -50,23 +48,21 @@ SLOW_S = 2e-3
 
 
 # ... except after the very first batch, whose one-time costs (first calls into libraries,
-# first touches of the data) pass SLOW_S on their own: a diabetes batch's reached 2.0-2.4 ms
-# of CPU in fresh processes on a slow host (its later batches 0.4-0.7 ms) and forked the
-# workers in 2 of 12 runs, each then twice as slow.
+# first touches of the data) pass SLOW_S on their own on a slow host, for batches that cost
+# far less after it: workers forked for those make every batch slower
+# (docs/decisions/probe-reads-batch-costs-low.md).
 FIRST_SLOW_S = 5e-3
 
 
 # A batch produced faster than this (bytes of arrays per second) is a memory copy: a worker
 # would repeat the copy into shared memory and add a trip, so the main process keeps it.
-# (Decoding JPEGs makes ~0.07 GB/s a core; copying arrays 1.5 GB/s into fresh pages, 10+
-# into reused ones.)
+# (Decoding runs far below this rate; copying arrays runs above it, even into fresh pages.)
 INLINE_RATE = 1e9
 
 
 # ... unless the training loop's step between batches is at least this share of a batch's
 # cost: then workers make the copies beside the step, where the main process would add each
-# to it (3x224x224 float32 batches of 32, 12 ms here, and a 20 ms step: 6.5-10 s an epoch of
-# 200 made here, 4.2 s by 2 workers). A loop that only iterates keeps its copies here.
+# to it. A loop that only iterates keeps its copies here.
 STEP_HIDES = 0.25
 
 
@@ -80,15 +76,15 @@ RETUNE_EVERY = 4
 
 
 # Where the training processes leave no core for workers (tuning.no_core_left), a first batch
-# starts them only if it kept the process this little busy: batches computing 1 ms a sample
-# on 4 DDP ranks sharing 2 cores read 0.24-0.47 busy there, run-queue waits taken out.
+# starts them only if it kept the process this little busy: computing batches of ranks that
+# share the cores read more busy than this, run-queue waits taken out.
 CROWDED_WAITS = 0.2
 
 
-# Workers that took longer than this many main-process batches, and this long, to start
-# (spawned ones import afresh: 1.2-1.5 s with torch, for batches of ~10 ms) get a head start
-# from the main process even with a worker per core: the training loop stood still for all
-# of it, every epoch. (Forked ones start in ~20 ms.)
+# Workers that take longer than this many main-process batches, and this long, to start
+# (spawned ones import afresh, torch included; forked ones do not) get a head start from
+# the main process even with a worker per core: else the training loop stands still for all
+# of it, every epoch (docs/decisions/head-start-while-workers-start.md).
 SLOW_START_BATCHES = 8
 
 
@@ -250,9 +246,9 @@ def estimate(costs: list[float]) -> float:
 
     The first batches read high (one-time costs, cold caches, and each probing batch's RNG
     bookkeeping), and the two mistakes do not cost alike: workers started for batches that
-    were cheaper here stay (diabetes on a slow host, probing batches of 0.5-1.6 ms and later
-    ones of 0.4: twice as slow), while batches kept here are timed again by the quick path
-    (``Probe.note``, every 16) and go to the workers if they are costly after all."""
+    are cheaper here stay, while batches kept here are timed again by the quick path
+    (``Probe.note``, every 16) and go to the workers if they are costly after all
+    (docs/decisions/probe-reads-batch-costs-low.md)."""
     return min(costs) if len(costs) <= 4 else typical(costs)
 
 

@@ -116,8 +116,8 @@ class Window:
         """Lane-seconds of one batch: as fetch threads timed its fetches, else its wall time
         in a worker times the fetches that ran at once on it, the worker's threads or its
         samples, whichever are fewer. (Threads fetch the batches a worker holds ahead of
-        their turn, so a batch's own wall time can be near nothing: with one sample a batch
-        and 64 threads it read as 0.0 ms, the work as CPU-bound, and one thread was chosen.)"""
+        their turn, so with one sample a batch among many threads a batch's own wall time can
+        be near nothing, and the work would read as CPU-bound.)"""
         if self.measured is not None:
             return self.measured
         threads = self.threads
@@ -175,11 +175,11 @@ class ThreadSteer:
     alone) are cut to the model's count at once, and that cut is judged by the fetches
     themselves, which a window of 4 batches times by the hundred: it stands if each fetch
     now takes 15% less than before the cut (so the crowding was the threads'), else it is
-    undone. (The rate of 4-batch windows is the wrong judge there: 64 threads of
-    GIL-bound fetches made 16 batches in 0.22 to 0.58 s, and a cut that saved 20% read as
-    one that cost more than 15%.) The window right after that cut is a changeover, not
-    judged, and so is the next unless it shows the speed-up: the old pool's queued fetches
-    still run beside the new pool's.
+    undone. (The rate of 4-batch windows is the wrong judge there: with many threads of
+    GIL-bound fetches it varies from window to window by more than a cut saves, and a cut
+    that saves reads as one that costs: docs/decisions/crowded-threads-cut-by-fetch-times.md.)
+    The window right after that cut is a changeover, not judged, and so is the next unless
+    it shows the speed-up: the old pool's queued fetches still run beside the new pool's.
 
     >>> s = ThreadSteer()
     >>> s.window(8, 1.0); s.steer(64, 8)        # first vote for fewer: kept
@@ -459,9 +459,9 @@ class Tuner:
         step = (sum(w.step * w.batches * (i + 1) for i, w in sws) / sum(w.batches * (i + 1) for i, w in sws)
                 if sws else 0.0)
         # A worker's first CPU time comes with its fourth batch (its first batch's one-time costs
-        # left out): windows before that have none, and were read as "no CPU clocks here", a
-        # probe of two fetch threads a worker. JPEG decoding, CPU-bound, kept 2 threads (the cut
-        # back undone as costing throughput): 0.82-0.90 of num_workers=2's time, 4 short epochs.
+        # left out): windows before that have none, and read as "no CPU clocks here" they would
+        # start a probe of two fetch threads a worker, which CPU-bound work then keeps (the cut
+        # back undone as costing throughput: docs/decisions/tuner-reads-lane-time-and-core-share.md).
         self._awaiting_cpu = (cpu is None and not self._io_evidence
                               and self.seen < self.warmup + 4 * max(1, ws[-1].workers))
         if self._awaiting_cpu:
@@ -514,8 +514,8 @@ class Tuner:
                 cap_note = f"; {need} would hide loading but the CPU budget is {self.cpu}"
             if lanes > workers and ratio < HALF_WAITING and self.max_threads > 1:
                 # a fetch that waits a good part of its time leaves its worker's core idle
-                # meanwhile: up to 1 / ratio threads fill it (2 ms of waiting and 2 of Python
-                # a sample read 52-56% and ran on 1 thread, at 0.6 of 4 threads' speed)
+                # meanwhile: up to 1 / ratio threads fill it, where one thread runs well below
+                # the speed of a few
                 threads = min(self.max_threads, math.ceil(1 / ratio), math.ceil(lanes / max(1, workers)))
                 cap_note += f"; each fetch waits {1 - ratio:.0%} of its time: {threads} threads a worker fill its core"
         else:
@@ -524,9 +524,9 @@ class Tuner:
             threads = min(self.max_threads, max(1, math.ceil(lanes / max(1, workers))))
             # Fetches that take many times what one took alone crowd each other (for the GIL,
             # a core, a link): with ``now`` threads each took ``slower`` times as long, so about
-            # now / slower of them, each as fast as alone, fetch as much. 2 ms of waiting and 1
-            # ms of Python a sample: 64 threads a worker made each fetch take 30-45 ms, and ran
-            # 20% slower than 4. (ThreadSteer checks that such a cut speeds each fetch up.)
+            # now / slower of them, each as fast as alone, fetch as much, and more run slower.
+            # (ThreadSteer checks that such a cut speeds each fetch up:
+            # docs/decisions/crowded-threads-cut-by-fetch-times.md.)
             slower = None
             if e.get("each") is not None and self._alone:
                 each, each_threads = e["each"]
@@ -536,9 +536,8 @@ class Tuner:
                 # it, so about now / use of them fill it; more would only queue for it. At a
                 # full core that count is unknown: half as many is offered, a cut ThreadSteer
                 # undoes if it costs throughput; unless each fetch takes about what it took
-                # alone: then fewer threads fetch fewer (4 threads of 1 ms of Python and 2 of
-                # waiting filled the core, each fetch 1.4-1.8x its time alone; halved, the
-                # check over 4 batches let 2 threads stand, 40% slower)
+                # alone: then fewer threads fetch fewer, and the check over 4 batches can let
+                # such a cut stand
                 use, now = e["use"]
                 fill = (now // 2 if slower is None or slower >= CROWDED else now) if use >= SATURATED else (
                     math.ceil(now / max(use, 1e-3)))
@@ -576,8 +575,8 @@ class Tuner:
                     fit = max(1, int(self.ram // max(1.0, per_worker(1))))
                 if kind == "I/O-bound" and fit < workers:
                     threads = min(self.max_threads, math.ceil(workers * threads / fit))
-                    # more threads hold more batches (per_worker grows with them): fit again
-                    # (4 workers of 9 threads, fit 2, raised to 18: 3.2 GB on a budget of 3)
+                    # more threads hold more batches (per_worker grows with them): fit again,
+                    # or the raised threads' batches overrun the budget
                     fit = max(1, int(self.ram // max(1.0, per_worker(prefetch))))
                 mem_note = (f"; memory allows {fit} (each worker ~{per_worker(prefetch) / 2**20:.0f} MiB, "
                             f"budget {self.ram / 2**20:.0f} MiB)")

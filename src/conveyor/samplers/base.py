@@ -176,9 +176,9 @@ class RandomBase(Sampler[int]):
         # when another one is made before its first item. Torch mode draws at the first item,
         # as torch's samplers do; until then the state describes a fresh start.
         # The draws come in chunks (a permutation, torch's 32 indices with replacement) and
-        # chain hands out their items at C speed, where a generator was resumed for every
-        # index (a shuffled batch of 32 of 759: 2.8 -> 2.3 us). chain takes its first chunk
-        # at the first item, so nothing is drawn before then, as before.
+        # chain hands out their items at C speed, with no generator resumed for every index
+        # (docs/decisions/lean-path-for-main-process-batches.md). chain takes its first chunk
+        # at the first item, so nothing is drawn before then.
         if self._torch_mode:
             self._pending = True
             return itertools.chain.from_iterable(self._chunks(None))

@@ -30,8 +30,7 @@ __all__ = ["Leaf", "Packed", "TensorLater", "encode", "decode", "INLINE_BYTES"]
 INLINE_BYTES = 1 << 15  # leaves smaller than this travel inline in the message
 # ... and so do leaves up to SIDE_BYTES beside SIDE_SHARE times as much in shared memory: a slot
 # goes back to its worker only once no view of it is left, so keeping a batch's labels or
-# ids (epoch-end metrics) kept its images too. 128 KB of input_ids kept from each 100 MB
-# batch: 2 workers grew 1434 -> 4271 MB over 30 batches, where torch's grew 580 -> 834.
+# ids (epoch-end metrics) would keep its images too (docs/decisions/small-leaves-travel-beside-large.md)
 SIDE_BYTES = 1 << 20
 SIDE_SHARE = 8
 SAME = -2  # a record's slot: the leaf is an earlier one, the object itself
@@ -167,7 +166,7 @@ def encode(batch: Any, writer: Writer | None) -> tuple[Any, tuple[int, ...], tup
         # a 0-d integer array as a length (its __index__), giving that many zero bytes
         return tree, tuple(holes), tuple(records), bytearray(memoryview(small[0]))
     # each leaf's bytes in C order, padded to 16: one call a leaf (numpy slicing into a
-    # preallocated blob took five, each costly with the cold cache a worker has here)
+    # preallocated blob takes five, each costly with the cold cache a worker has here)
     parts = []
     for arr in small:
         data = arr.tobytes()

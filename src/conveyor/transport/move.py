@@ -5,13 +5,14 @@
                      each segment whole: seal it ──> fence ──> WHOLE ──> close the pipe
                      all whole: then(copies)  (a container takes its copies as its data)
 
-A spawned worker imports for ~0.3-1.5 s and the copy is ~0.5 ms a MB: the workers receive a
-segment's descriptor at once, and read a chunk as soon as its mark is set (``guard``). The
-main process knows the rows of the first tasks before it sends them: ``prefer`` moves their
-chunks to the head of the copy, so a worker's first batch waits for its own rows only, in
-any order. Until a worker has started, a container's copy writes only those chunks
-(``HOLD_S`` at most): the starting workers keep the cores. A failed copy (ENOSPC) sets FAILED and closes the pipe: the workers waiting stop,
-and the main process raises the error (``failure``).
+A spawned worker spends its start importing, while the copy goes on
+(docs/decisions/copy-while-workers-start.md): the workers receive a segment's descriptor at
+once, and read a chunk as soon as its mark is set (``guard``). The main process knows the
+rows of the first tasks before it sends them: ``prefer`` moves their chunks to the head of
+the copy, so a worker's first batch waits for its own rows only, in any order. Until a
+worker has started, a container's copy writes only those chunks (``HOLD_S`` at most): the
+starting workers keep the cores. A failed copy (ENOSPC) sets FAILED and closes the pipe:
+the workers waiting stop, and the main process raises the error (``failure``).
 """
 
 from __future__ import annotations
@@ -47,8 +48,7 @@ on_chunk: Callable[[Move, int, bool], bool] | None = None
 active = 0  # moves under way in this process (the dispatcher tells them its tasks' rows then)
 # a container's copy writes only the chunks tasks want until a worker has started, for at most
 # this long: on a machine with few cores the copy would take a core from the starting workers
-# (2 cores, 2 GB: ~0.3 s of CPU within the first batch's wait), and what the first batches
-# read is wanted and copied meanwhile
+# within the first batch's wait, and what the first batches read is wanted and copied meanwhile
 HOLD_S = 1.0
 _started = threading.Event()  # a worker has started since the last container's copy began
 _nudge = threading.Event()  # a chunk is wanted, or a worker has started

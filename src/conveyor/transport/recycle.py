@@ -3,10 +3,10 @@
 A batch collated in the main process (``num_workers=0``, or a batch the adaptive
 loader keeps there) is a fresh allocation. For a batch of megabytes, glibc
 often hands back pages it just returned to the kernel (it trims the heap's top
-and unmaps large chunks), so every batch pays its page faults again: 9.6 MB of
-images took 3 ms a batch instead of 0.6 ms in a process forked from a busy
-parent. The recycler keeps the memory of batches the user has dropped and
-hands it out again, already faulted in, the way worker slots are reused.
+and unmaps large chunks), so every batch pays its page faults again, and fresh
+pages cost more than the copy into them (docs/decisions/recycle-large-batch-memory.md).
+The recycler keeps the memory of batches the user has dropped and hands it out
+again, already faulted in, the way worker slots are reused.
 
 ::
 
@@ -50,7 +50,7 @@ class Recycler:
         self.keep = keep
         self.free: list[bytearray] = []  # idle buffers, oldest first
         # filled by finalizers, at most ``keep`` (the oldest go): trimmed only where batches are
-        # made, a loader left alive after the user dropped 300 batches of 2 MB held 617 MB
+        # made, it would otherwise hold every batch the user dropped while no batch is made
         self.returned: collections.deque[bytearray] = collections.deque(maxlen=keep)
         self.lock = threading.Lock()  # thread workers of one process share it
         # seconds spent faulting in new buffers: a one-time cost that says nothing of how
@@ -87,8 +87,7 @@ class Recycler:
         # the root is a view of a non-array buffer, so every view made from it keeps the root
         # (numpy collapses chains of views only down to the first array that owns its memory).
         # It starts on a page: a bytearray's data starts 16 bytes past one, and every 64-byte
-        # store of a copy into it then straddles two cache lines (torch.stack of 64 uint8
-        # 3x224x224 images on an Intel Xeon: 1.25-1.50 ms a batch there, 1.03-1.09 aligned)
+        # store of a copy into it then straddles two cache lines, which slows the copy
         skip = -np.frombuffer(mem, dtype=np.uint8, count=1).__array_interface__["data"][0] % PAGE
         root = np.frombuffer(mem, dtype=np.uint8, count=nbytes, offset=skip)
         weakref.finalize(root, self.returned.append, mem)

@@ -173,8 +173,8 @@ class Segment:
 
         ``fill(fd)``, where given, writes the contents through the descriptor before the
         mapping is made: the kernel allocates each page as it writes it, where a copy through
-        the mapping faulted every page in (2 GB: 1.05 s of CPU against 1.77 s with the
-        reservation), and the mapping stays unfaulted here until read."""
+        the mapping faults every page in (docs/decisions/copy-while-workers-start.md), and the
+        mapping stays unfaulted here until read."""
         if _posixshmem is None and not hasattr(os, "memfd_create"):
             raise OSError("POSIX shared memory is not available on this platform")
         size = max(PAGE, -(-size // PAGE) * PAGE)

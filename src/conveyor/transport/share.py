@@ -6,10 +6,10 @@
                                          └─ everything else           ──> pickled as usual
     worker:       unpickles ──> maps the segment (or the file) copy-on-write ──> the same arrays
 
-A spawned or forkserver worker receives its dataset pickled, so a dataset of large arrays was
-copied through a pipe into every worker, one after another (the parent's write of a start
-payload blocks until that child has read it): the start grew with the data, and each worker
-held its own copy. Here the arrays travel as a few hundred bytes each.
+A spawned or forkserver worker receives its dataset pickled, so a dataset of large arrays
+pickled as usual goes through a pipe into every worker, one after another (the parent's write
+of a start payload blocks until that child has read it): the start grows with the data, and
+each worker holds its own copy. Here the arrays travel as a few hundred bytes each.
 
 The segments have no name: memfd_create on Linux (a shm_open'd name unlinked at once
 elsewhere). A descriptor travels to each worker as multiprocessing passes descriptors at a
