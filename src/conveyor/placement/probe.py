@@ -21,7 +21,7 @@ from ..executors.sched import runqueue_wait as _runqueue_wait
 from ..executors.task import Result, Task
 from . import rules
 from .machine import cpu_share, no_core_left
-from .rules import Mode
+from .rules import Mode, Verdict
 from .tuner import IO_BOUND, MAX_THREADS, Tuner
 
 if TYPE_CHECKING:
@@ -459,36 +459,40 @@ class Probe:
         # the last two says best what a batch costs once memory is reused
         copying = self.copying = (len(rates) >= 2 and max(rates[-2:]) > rules.INLINE_RATE
                                   and not self._step_hides(min(self.inline_costs[-2:])))
-        if self.pool.tuner is not None and self.pool.auto is not None and self.pool.auto["num_workers"]:
-            waits = result.cpu is not None and result.cpu < 0.5 * cost  # warm-up costs are CPU
-            if self.pool.num_workers == 0 and cost > rules.SLOW_S and not copying and not self._start_outweighs(cost) and (
-                    waits or len(costs) >= 2 and min(costs[-2:]) > rules.SLOW_S and not self.no_core_left):
-                self._jump_start(result, cost)
-            elif (self.pool.inline_batches % 16 == 0 and len(costs) >= 16 and not copying and self._reopenable()
-                  and self._costly(costs, result.batch)):
-                self._reopen()  # as Probe.note does for batches made by the quick path
-            elif self.pool.mode == Mode.PROBE and (copying or rules.probed_enough(costs)):
-                typical = rules.typical(costs)
-                if copying or not self.worth_workers(typical, result.batch):
-                    self.pool.mode = Mode.INLINE
-                    self.pool.tuner.workers_run = 0  # any started early make no batch from here
-                    why = (f"batches are made at {rate / 1e9:.1f} GB/s in the main process (copying memory): "
-                           "workers would only copy them again" if copying else
-                           f"{rules.ranks_words()}, which leaves no core for a worker that computes"
-                           if self.no_core_left and typical > rules.INLINE_MAX_S else
-                           f"a batch costs {typical * 1e6:.0f} us in the main process, less than bringing it "
-                           f"from a worker would ({(self.inline_max or rules.INLINE_MAX_S) * 1e6:.0f} us)")
-                    self.pool.tuner.pin({"num_workers": 0, "fetch_threads": self.pool.threads, "prefetch_factor": None,
-                                    "reason": why + ": no workers"})
-        elif self.rng_sensitive or (not copying and not self._start_outweighs(cost) and (
-                cost > 5 * rules.SLOW_S and rate < rules.INLINE_RATE or (len(costs) >= 2 and min(costs[-2:]) > rules.SLOW_S))):
-            # clearly worth a worker (one batch can be slow because the machine is busy:
-            # a moderately slow one must be seen twice), or only a worker makes it right
+        auto = self.pool.tuner is not None and self.pool.auto is not None and bool(self.pool.auto["num_workers"])
+        seen = rules.Timed(costs=tuple(costs), rate=rate, copying=copying, auto=auto,
+                           waits=result.cpu is not None and result.cpu < 0.5 * cost,  # warm-up costs are CPU
+                           probing=self.pool.mode == Mode.PROBE, workers=self.pool.num_workers,
+                           window_end=self.pool.inline_batches % 16 == 0, rng_sensitive=self.rng_sensitive,
+                           no_core_left=self.no_core_left)
+        said, low, whole = rules.verdict(seen, self._start_outweighs, lambda c: self.worth_workers(c, result.batch),
+                                         self._reopenable)
+        if whole:
+            self.findings.batch_s = low
+        if said is Verdict.JUMP:
+            self._jump_start(result, cost)
+        elif said is Verdict.REOPEN:
+            self._reopen()  # as Probe.note does for batches made by the quick path
+        elif said is Verdict.HERE and auto:
+            assert self.pool.tuner is not None and low is not None
+            self.pool.mode = Mode.INLINE
+            self.pool.tuner.workers_run = 0  # any started early make no batch from here
+            why = (f"batches are made at {rate / 1e9:.1f} GB/s in the main process (copying memory): "
+                   "workers would only copy them again" if copying else
+                   f"{rules.ranks_words()}, which leaves no core for a worker that computes"
+                   if self.no_core_left and low > rules.INLINE_MAX_S else
+                   f"a batch costs {low * 1e6:.0f} us in the main process, less than bringing it "
+                   f"from a worker would ({(self.inline_max or rules.INLINE_MAX_S) * 1e6:.0f} us)")
+            self.pool.tuner.pin({"num_workers": 0, "fetch_threads": self.pool.threads, "prefetch_factor": None,
+                                 "reason": why + ": no workers"})
+        elif said is Verdict.HERE:
+            self.pool.mode = Mode.INLINE
+        elif said is Verdict.WORKERS_NOW:
             self.pool.mode = Mode.WORKERS
             if result.cpu is not None and cost > 0:
                 self._threads_to_start(result.cpu / cost, cost / max(1, result.samples))
-        elif rules.probed_enough(costs):
-            self.pool.mode = Mode.WORKERS if not copying and self.worth_workers(rules.estimate(costs), result.batch) else Mode.INLINE
+        elif said is Verdict.WORKERS:
+            self.pool.mode = Mode.WORKERS
         return result
 
 

@@ -16,7 +16,7 @@ import enum
 import math
 import pickle
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -26,8 +26,8 @@ from .._tree import tree_map
 from ..executors.task import Result
 from .machine import ranks_here, usable_cores
 
-__all__ = ["Mode", "Findings", "CpuTimed", "nbytes", "trip_s", "typical", "estimate", "probed_enough",
-           "ranks_words", "start_words"]
+__all__ = ["Mode", "Findings", "CpuTimed", "Timed", "Verdict", "verdict", "nbytes", "trip_s", "typical", "estimate",
+           "probed_enough", "ranks_words", "start_words"]
 
 
 # A batch that costs less than this in the main process is cheaper to make there
@@ -234,13 +234,13 @@ class CpuTimed:
             self.cpu_s += self.clock() - c0
 
 
-def typical(costs: list[float]) -> float:
+def typical(costs: Sequence[float]) -> float:
     """What a main-process batch costs: a low quantile, since a busy machine preempts some
     batches, which says nothing of their cost."""
     return sorted(costs)[len(costs) // 4]
 
 
-def estimate(costs: list[float]) -> float:
+def estimate(costs: Sequence[float]) -> float:
     """What a main-process batch costs, for a loader whose count of workers is set: the
     cheapest of the first probing batches, the low quartile once there are more.
 
@@ -252,12 +252,74 @@ def estimate(costs: list[float]) -> float:
     return min(costs) if len(costs) <= 4 else typical(costs)
 
 
-def probed_enough(costs: list[float]) -> bool:
+def probed_enough(costs: Sequence[float]) -> bool:
     """Have the probing batches said enough to choose? After four, or as soon as two cost
     at most ``INLINE_MAX_S``: the low quartile of four is then at most that whatever the
     other two cost, so the choice is the one four would make. With tiny samples each
     probing batch pays ~0.15 ms of RNG bookkeeping, a real share of a short run."""
     return len(costs) >= 4 or sum(c <= INLINE_MAX_S for c in costs) >= 2
+
+
+class Verdict(enum.Enum):
+    """What a batch timed in the main process says to do next (``verdict``)."""
+
+    KEEP = "keep"  # go on as now
+    HERE = "here"  # the main process makes the batches ("auto": and pins no workers)
+    WORKERS = "workers"  # probed enough: the user's workers are worth their trips
+    WORKERS_NOW = "workers now"  # clearly worth a worker (slow, or only a worker makes it right)
+    JUMP = "jump"  # "auto", no workers yet: a batch this costly needs a worker per core now
+    REOPEN = "reopen"  # "auto" settled here, and a whole window of batches got costly since
+
+
+@dataclasses.dataclass(frozen=True)
+class Timed:
+    """What the probe knows once a batch made in the main process is timed."""
+
+    costs: tuple[float, ...]  # the window of main-process batch costs, this batch's last
+    rate: float  # bytes a second this batch was made at
+    copying: bool  # batches are made at memory-copy speed, the training step hiding no copy
+    waits: bool  # this batch's CPU time was under half its wall time (it waited)
+    auto: bool  # "auto" chooses the worker count (else the user set it)
+    probing: bool  # the pool has not chosen yet (``Mode.PROBE``)
+    workers: int  # workers the pool runs now
+    window_end: bool  # the 16th batch made here since the window was last read whole
+    rng_sensitive: bool  # the dataset draws from the global RNGs: only a worker makes its batches right
+    no_core_left: bool  # the training processes leave no core for a worker that computes
+
+
+def verdict(t: Timed, start_outweighs: Callable[[float], bool], worth: Callable[[float], bool],
+            reopenable: Callable[[], bool]) -> tuple[Verdict, float | None, bool]:
+    """The probe's decision after a timed batch: observations in, a decision out.
+
+    ``start_outweighs(cost)``: would starting the workers cost more than they save at that
+    cost a batch; ``worth(cost)``: is a batch of that cost worth a trip from a worker (it may
+    time a trip once, so it is asked only where the answer matters); ``reopenable()``: may
+    an "auto" pool settled here start workers after all. Returns the verdict, the cost a
+    batch was judged to have (the window's low quartile, where one was read) and whether that
+    cost is what later epochs go by (a whole window read, ``Findings.batch_s``).
+
+    One slow batch may be the machine's doing (preemption, a page fault): a moderately slow
+    one must be seen twice, one five times ``SLOW_S`` (not a memory copy) once.
+    """
+    cost = t.costs[-1]
+    slow_twice = len(t.costs) >= 2 and min(t.costs[-2:]) > SLOW_S
+    if t.auto:
+        if (t.workers == 0 and cost > SLOW_S and not t.copying and not start_outweighs(cost)
+                and (t.waits or slow_twice and not t.no_core_left)):
+            return Verdict.JUMP, None, False
+        if t.window_end and len(t.costs) >= 16 and not t.copying and reopenable():
+            low = typical(t.costs)
+            return (Verdict.REOPEN if worth(low) else Verdict.KEEP), low, True
+        if t.probing and (t.copying or probed_enough(t.costs)):
+            low = typical(t.costs)
+            return (Verdict.HERE if t.copying or not worth(low) else Verdict.KEEP), low, False
+        return Verdict.KEEP, None, False
+    if t.rng_sensitive or (not t.copying and not start_outweighs(cost)
+                           and (cost > 5 * SLOW_S and t.rate < INLINE_RATE or slow_twice)):
+        return Verdict.WORKERS_NOW, None, False
+    if probed_enough(t.costs):
+        return (Verdict.WORKERS if not t.copying and worth(estimate(t.costs)) else Verdict.HERE), None, False
+    return Verdict.KEEP, None, False
 
 
 class Mode(enum.Enum):
