@@ -1,8 +1,9 @@
 """An epoch's workers and the main process's own executor: started lazily, closed once.
 
 A ``Pool`` holds the executor (process or thread workers; without workers, the main
-process's ``MainProcess``, which also makes every batch made here), the spec every worker is made from (dataset, collate_fn, seeds), the
-task numbers (``seq``, growing across epochs) and how tasks are grouped. Where it adapts
+process's ``MainProcess``, which also makes every batch made here), the spec every worker
+is made from (dataset, collate_fn, seeds), the task numbers (``seq``, growing across
+epochs) and how tasks are grouped. Where it adapts
 (``"auto"``, ``adaptive=True``), its ``Probe`` (``placement/probe.py``) decides where batches
 are made (``Mode``), and ``apply`` carries out the tuner's choices.
 """

@@ -69,28 +69,26 @@ class MainProcess(Executor):
         """Run ``task`` here. With a loader seed its samples reseed the global RNGs: the
         caller's states are put back after the batch, under the RNG lock that thread workers
         seeding meanwhile take too; a stream draws on from its own seeded state instead.
-        ``watch`` (a probing batch, unseeded): after ``watch[0]`` seconds of the batch, call
+        ``watch`` (a probing batch): after ``watch[0]`` seconds of the batch, call
         ``watch[1]``, and again after the delay it returns (None: no more)."""
-        fetcher = self.fetcher
-        if self.spec.seed is None:
-            fetcher.schedule(task)
-            fetcher.watch = watch
-            try:
-                return fetcher.run(task)
-            finally:
-                fetcher.watch = None
-        if self.spec.iterable:
+        if self.spec.seed is not None and self.spec.iterable:
             return self._run_stream(task)
-        # saved before the fetch threads start on the task's samples, which seed the RNGs, and
-        # not while a thread worker is between seeding a sample and its draws
-        with rng_lock:
-            saved = rng_lock.save()
+        saved = None
+        if self.spec.seed is not None:
+            # saved before the fetch threads start on the task's samples, which seed the RNGs,
+            # and not while a thread worker is between seeding a sample and its draws
+            with rng_lock:
+                saved = rng_lock.save()
+        fetcher = self.fetcher
         try:
             fetcher.schedule(task)
+            fetcher.watch = watch
             return fetcher.run(task)
         finally:
-            with rng_lock:
-                rng_lock.restore(saved)
+            fetcher.watch = None
+            if saved is not None:
+                with rng_lock:
+                    rng_lock.restore(saved)
 
     def _run_stream(self, task: Task) -> Result:
         self.fetcher.schedule(task)
